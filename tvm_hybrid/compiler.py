@@ -1,0 +1,113 @@
+"""``tvm_hybrid.compile``: import a model, run the hybrid (or stock) pipeline, build it."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import tvm
+from tvm import relax
+from tvm.s_tir import meta_schedule as ms
+
+from .compiled_model import CompiledModel
+from .errors import CompileError, TuningRecordsError
+from .frontend import import_model
+from .host import make_target
+from .pipeline import hybrid_pipeline
+
+PIPELINES = ("hybrid", "stock")
+
+
+def compile(  # noqa: A001 - the public name mirrors tvm.compile
+    model: str | os.PathLike | bytes | onnx.ModelProto | tvm.IRModule,
+    target="host",
+    *,
+    params: dict[str, np.ndarray] | None = None,
+    tuning_records: str | os.PathLike | None = None,
+    input_shapes: dict[str, tuple] | None = None,
+    pipeline: str = "hybrid",
+) -> CompiledModel:
+    """Compile a model for an x86 CPU.
+
+    Parameters
+    ----------
+    model
+        An ONNX file path, serialized ONNX bytes, an ``onnx.ModelProto``, or a Relax
+        ``IRModule`` with a ``main`` function.
+    target
+        ``"host"`` (default: this CPU, all physical cores), ``"llvm"``, a target dict/JSON such
+        as ``{"kind": "llvm", "mcpu": "skylake-avx512"}``, or a ``tvm.target.Target``.
+    params
+        Values for parameters of a Relax ``main`` to bind as constants (weights), by name.
+    tuning_records
+        A MetaSchedule work directory (``database_workload.json`` and
+        ``database_tuning_record.json``) whose best schedules are applied without search.
+    input_shapes
+        Static shapes for ONNX inputs with dynamic dimensions, by input name.
+    pipeline
+        ``"hybrid"`` (default) or ``"stock"`` (TVM's default pipeline, for comparison).
+
+    Returns
+    -------
+    CompiledModel
+    """
+    if pipeline not in PIPELINES:
+        raise ValueError(f"pipeline must be one of {PIPELINES}, got {pipeline!r}")
+    tgt = make_target(target)
+    imported = import_model(model, input_shapes=input_shapes)
+    mod = imported.mod
+    if params:
+        mod = _bind_params(mod, params)
+        bound = set(params)
+        imported.inputs = [spec for spec in imported.inputs if spec.name not in bound]
+    database = _load_records(tuning_records) if tuning_records is not None else None
+    relax_pipeline = hybrid_pipeline(tgt) if pipeline == "hybrid" else relax.get_pipeline("default")
+    try:
+        with warnings.catch_warnings(), tgt:
+            warnings.simplefilter("ignore")
+            if database is not None:
+                with database:
+                    lowered = relax_pipeline(mod)
+            else:
+                lowered = relax_pipeline(mod)
+            executable = tvm.compile(lowered, target=tgt, relax_pipeline=None)
+    except Exception as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CompileError(f"TVM failed to compile {imported.source}: {first}") from None
+    return CompiledModel(executable, tgt, imported.inputs, lowered=lowered)
+
+
+def _bind_params(mod: tvm.IRModule, params: dict[str, np.ndarray]) -> tvm.IRModule:
+    names = {p.name for p in mod["main"].params}
+    unknown = sorted(set(params) - names)
+    if unknown:
+        raise CompileError(f"params names no parameter of 'main': {unknown}")
+    values = {k: tvm.runtime.tensor(np.asarray(v)) for k, v in params.items()}
+    mod = relax.transform.BindParams("main", values)(mod)
+    main = mod["main"]
+    if main.attrs and "num_input" in main.attrs:
+        kept = len(main.params)
+        mod["main"] = main.with_attr("num_input", min(int(main.attrs["num_input"]), kept))
+    return mod
+
+
+def _load_records(path: str | os.PathLike) -> ms.database.Database:
+    work_dir = Path(path)
+    if not work_dir.is_dir():
+        raise TuningRecordsError(
+            f"tuning records not found: {work_dir} (expected a MetaSchedule work directory)"
+        )
+    workloads = work_dir / "database_workload.json"
+    records = work_dir / "database_tuning_record.json"
+    if not workloads.is_file() or not records.is_file():
+        raise TuningRecordsError(
+            f"{work_dir} holds no MetaSchedule database (database_workload.json and "
+            "database_tuning_record.json)"
+        )
+    try:
+        return ms.database.JSONDatabase(str(workloads), str(records), allow_missing=False)
+    except Exception as err:
+        raise TuningRecordsError(f"{work_dir}: unreadable tuning records ({err})") from None

@@ -1,0 +1,36 @@
+"""Exceptions raised by tvm_hybrid.
+
+Every failure a user can cause (a bad model file, an op TVM cannot import, a wrong input, an
+unknown target) surfaces as a subclass of :class:`TVMHybridError` whose message names the
+problem, instead of a traceback from deep inside TVM.
+"""
+
+from __future__ import annotations
+
+
+class TVMHybridError(Exception):
+    """Base class of every error tvm_hybrid raises on purpose."""
+
+
+class ModelLoadError(TVMHybridError):
+    """The model file is missing, unreadable or not a valid ONNX model."""
+
+
+class UnsupportedModelError(TVMHybridError):
+    """The model uses operators (or features) TVM's importer cannot translate."""
+
+
+class InputError(TVMHybridError):
+    """An input given at call time has the wrong count, shape or dtype."""
+
+
+class TargetError(TVMHybridError):
+    """The target is unknown, malformed, or asks for an ISA the CPU lacks."""
+
+
+class CompileError(TVMHybridError):
+    """TVM failed while compiling a model that imported correctly."""
+
+
+class TuningRecordsError(TVMHybridError):
+    """A tuning-records file is missing, malformed or made for another target."""

@@ -1,0 +1,172 @@
+"""Import a model (ONNX file, ``onnx.ModelProto`` or Relax ``IRModule``) into Relax.
+
+Weights stay in the graph as constants (``keep_params_in_input=False``) so that graph passes can
+fold and prepack them at compile time. Every way an import can fail becomes a
+:class:`~tvm_hybrid.errors.ModelLoadError` or :class:`~tvm_hybrid.errors.UnsupportedModelError`
+naming the file, op or node.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import tvm
+from tvm import relax
+
+from .errors import ModelLoadError, UnsupportedModelError
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """Name, shape (``None`` or a string for a dynamic dimension) and dtype of one input."""
+
+    name: str
+    shape: tuple
+    dtype: str
+
+
+@dataclasses.dataclass
+class ImportedModel:
+    """A model in Relax form plus the signature users call it with."""
+
+    mod: tvm.IRModule
+    inputs: list[TensorSpec]
+    source: str
+
+
+def load_onnx(model: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.ModelProto:
+    """Read an ONNX model, raising :class:`ModelLoadError` with the file name on failure."""
+    if isinstance(model, onnx.ModelProto):
+        return model
+    if isinstance(model, bytes):
+        try:
+            return onnx.load_from_string(model)
+        except Exception as err:  # protobuf raises DecodeError and friends
+            raise ModelLoadError(f"the given bytes are not an ONNX model: {err}") from None
+    path = Path(model)
+    if not path.exists():
+        raise ModelLoadError(f"model file not found: {path}")
+    if not path.is_file():
+        raise ModelLoadError(f"model path is not a file: {path}")
+    try:
+        proto = onnx.load(str(path))
+    except Exception as err:
+        raise ModelLoadError(f"{path} is not a valid ONNX model ({type(err).__name__}: {err})")
+    if not proto.graph.node and not proto.graph.output:
+        raise ModelLoadError(f"{path} is not a valid ONNX model: its graph is empty")
+    return proto
+
+
+def import_model(
+    model: str | os.PathLike | bytes | onnx.ModelProto | tvm.IRModule,
+    *,
+    input_shapes: dict[str, tuple] | None = None,
+) -> ImportedModel:
+    """Translate ``model`` into a Relax module whose ``main`` takes the model's inputs.
+
+    Parameters
+    ----------
+    model
+        An ONNX file path, serialized bytes, an ``onnx.ModelProto``, or a Relax ``IRModule``
+        with a ``main`` function.
+    input_shapes
+        Static shapes for ONNX inputs with dynamic dimensions, by input name.
+
+    Returns
+    -------
+    ImportedModel
+    """
+    if isinstance(model, tvm.IRModule):
+        return _from_relax(model)
+    source = str(model) if isinstance(model, (str, os.PathLike)) else "<onnx model>"
+    proto = load_onnx(model)
+    _check_ops_supported(proto, source)
+    inputs = _onnx_inputs(proto, input_shapes or {})
+    shape_dict = {spec.name: spec.shape for spec in inputs if _is_static(spec.shape)}
+    from tvm.relax.frontend.onnx import from_onnx
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            mod = from_onnx(proto, shape_dict=shape_dict or None, keep_params_in_input=False)
+    except tvm.error.OpNotImplemented as err:
+        raise UnsupportedModelError(f"{source}: {_first_line(err)}") from None
+    except Exception as err:
+        raise UnsupportedModelError(
+            f"{source}: TVM's ONNX importer failed ({type(err).__name__}: {_first_line(err)})"
+        ) from None
+    return ImportedModel(mod=mod, inputs=inputs, source=source)
+
+
+def _check_ops_supported(proto: onnx.ModelProto, source: str) -> None:
+    from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
+
+    known = set(_get_convert_map()) | {"If", "Constant"}
+    missing: dict[str, str] = {}
+
+    def walk(graph: onnx.GraphProto) -> None:
+        for node in graph.node:
+            if node.op_type not in known:
+                missing.setdefault(node.op_type, node.name or node.output[0])
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    walk(attr.g)
+
+    walk(proto.graph)
+    if missing:
+        listed = ", ".join(f"{op} (node {name!r})" for op, name in sorted(missing.items()))
+        raise UnsupportedModelError(f"{source}: TVM cannot import these ONNX operators: {listed}")
+
+
+def _onnx_inputs(proto: onnx.ModelProto, overrides: dict[str, tuple]) -> list[TensorSpec]:
+    initializers = {init.name for init in proto.graph.initializer}
+    unknown = set(overrides) - {i.name for i in proto.graph.input}
+    if unknown:
+        raise ModelLoadError(f"input_shapes names inputs the model does not have: {sorted(unknown)}")
+    specs = []
+    for value in proto.graph.input:
+        if value.name in initializers:
+            continue
+        tensor = value.type.tensor_type
+        dtype = str(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type))
+        shape = tuple(
+            d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+            for d in tensor.shape.dim
+        )
+        if value.name in overrides:
+            shape = tuple(int(d) for d in overrides[value.name])
+        specs.append(TensorSpec(value.name, shape, dtype))
+    return specs
+
+
+def _from_relax(mod: tvm.IRModule) -> ImportedModel:
+    if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
+        raise ModelLoadError("the Relax IRModule has no 'main' function")
+    main = mod["main"]
+    if not isinstance(main, relax.Function):
+        raise ModelLoadError("'main' of the IRModule is not a Relax function")
+    count = int(main.attrs["num_input"]) if main.attrs and "num_input" in main.attrs else None
+    params = list(main.params)[:count] if count is not None else list(main.params)
+    specs = []
+    for param in params:
+        ty = param.ty
+        if not isinstance(ty, relax.TensorType) or ty.shape is None:
+            raise ModelLoadError(f"input {param.name!r} of 'main' is not a tensor of known rank")
+        dims = ty.shape.values if hasattr(ty.shape, "values") else ()
+        shape = tuple(int(d) if isinstance(d, tvm.tirx.IntImm) else str(d) for d in dims)
+        specs.append(TensorSpec(param.name, shape, str(ty.dtype)))
+    return ImportedModel(mod=mod, inputs=specs, source="<relax module>")
+
+
+def _is_static(shape: tuple) -> bool:
+    return all(isinstance(d, (int, np.integer)) and d > 0 for d in shape)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__

@@ -1,0 +1,203 @@
+"""The machine we compile for: CPU detection, ISA tiers, cache sizes and target construction.
+
+``target="host"`` asks LLVM for the running CPU (``llvm_get_system_cpu``) and its features and
+builds a JSON :class:`tvm.target.Target` with ``mcpu`` and ``num-cores``. An explicit target (a
+dict, a JSON string, or a ``Target``) is validated: tvm_hybrid generates x86 code, so the kind must
+be ``llvm`` with an x86 CPU LLVM knows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from functools import cache
+from pathlib import Path
+
+import tvm
+from tvm.target import Target, codegen
+
+from .errors import TargetError
+from .thread_pool import num_threads, physical_cores
+
+# The ISA tiers tvm_hybrid's microkernels care about, each as (name shown to users, LLVM features
+# that must all be present). Ordered from oldest to newest.
+ISA_TIERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("avx2", ("avx2", "fma")),
+    ("avx512", ("avx512f", "avx512bw", "avx512vl", "avx512dq")),
+    ("avx512_vnni", ("avx512vnni",)),
+    ("avx_vnni", ("avxvnni",)),
+    ("avx512_bf16", ("avx512bf16",)),
+    ("amx_int8", ("amx-tile", "amx-int8")),
+    ("amx_bf16", ("amx-tile", "amx-bf16")),
+)
+
+_AMX_FEATURES = ("amx-tile", "amx-int8", "amx-bf16")
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheSizes:
+    """Per-core data cache sizes in bytes (L3 is shared)."""
+
+    l1d: int = 32 * 1024
+    l2: int = 1024 * 1024
+    l3: int = 16 * 1024 * 1024
+
+
+@cache
+def host_cpu() -> str:
+    """LLVM's name for the running CPU, e.g. ``znver5`` or ``sapphirerapids``."""
+    return str(codegen.llvm_get_system_cpu())
+
+
+@cache
+def host_target() -> Target:
+    """The target for this machine: its CPU and its physical core count."""
+    return Target({"kind": "llvm", "mcpu": host_cpu(), "num-cores": physical_cores()})
+
+
+def target_features(target: Target) -> frozenset[str]:
+    """LLVM features enabled for ``target`` (``avx512f``, ``amx-tile``, ...)."""
+    return frozenset(str(f) for f in codegen.llvm_get_cpu_features(target))
+
+
+@cache
+def host_features() -> frozenset[str]:
+    """LLVM features of the running CPU."""
+    return target_features(host_target())
+
+
+def isa_tiers(features: frozenset[str]) -> list[str]:
+    """The :data:`ISA_TIERS` names whose features are all in ``features``."""
+    return [name for name, needed in ISA_TIERS if all(f in features for f in needed)]
+
+
+@cache
+def cache_sizes() -> CacheSizes:
+    """Data cache sizes of CPU 0, read from sysfs (defaults where sysfs is silent)."""
+    found: dict[str, int] = {}
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            level = (index / "level").read_text().strip()
+            kind = (index / "type").read_text().strip()
+            size = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        if kind == "Instruction":
+            continue
+        scale = {"K": 1024, "M": 1024 * 1024}.get(size[-1:], 1)
+        found[{"1": "l1d", "2": "l2", "3": "l3"}.get(level, "")] = int(size.rstrip("KM")) * scale
+    found.pop("", None)
+    return CacheSizes(**found)
+
+
+def make_target(target: str | dict | Target | None = "host") -> Target:
+    """Build and validate a compilation target.
+
+    Parameters
+    ----------
+    target
+        ``"host"`` (or ``None``) for this machine; ``"llvm"`` for generic x86-64; a dict such as
+        ``{"kind": "llvm", "mcpu": "sapphirerapids"}``; its JSON text; or a ``tvm.target.Target``.
+
+    Returns
+    -------
+    Target
+        A Target of kind ``llvm`` with a valid x86 ``mcpu`` and ``num-cores`` set.
+
+    Raises
+    ------
+    TargetError
+        If the target cannot be parsed, is not an LLVM CPU target, or names a CPU LLVM does not
+        know.
+    """
+    if target is None or (isinstance(target, str) and target.strip() == "host"):
+        return host_target()
+    if isinstance(target, str):
+        text = target.strip()
+        if text.startswith("{"):
+            try:
+                target = json.loads(text)
+            except json.JSONDecodeError as err:
+                raise TargetError(f"target is not valid JSON ({err}): {text!r}") from None
+        elif text == "llvm":
+            target = {"kind": "llvm"}
+        else:
+            raise TargetError(
+                f"unknown target {text!r}: use 'host', 'llvm', or a JSON dict such as "
+                '\'{"kind": "llvm", "mcpu": "skylake-avx512"}\''
+            )
+    if isinstance(target, Target):
+        spec = {str(k): v for k, v in target.export().items()}
+    elif isinstance(target, dict):
+        spec = dict(target)
+    else:
+        raise TargetError(f"target must be 'host', a dict or a tvm.target.Target, not {target!r}")
+
+    if spec.get("kind") != "llvm":
+        raise TargetError(
+            f"tvm_hybrid compiles for x86 CPUs (target kind 'llvm'); got kind {spec.get('kind')!r}"
+        )
+    triple = str(spec.get("mtriple") or "x86_64")
+    if not triple.startswith(("x86_64", "i686", "i386")):
+        raise TargetError(f"tvm_hybrid compiles for x86 CPUs; got mtriple {triple!r}")
+    spec.setdefault("num-cores", physical_cores())
+    if isinstance(spec.get("keys"), tuple):
+        spec["keys"] = list(spec["keys"])
+    try:
+        built = Target(spec)
+    except (ValueError, TypeError, RuntimeError) as err:
+        raise TargetError(f"invalid target {spec}: {str(err).splitlines()[0]}") from None
+    mcpu = built.attrs.get("mcpu")
+    if mcpu is not None and str(mcpu) not in {str(c) for c in codegen.llvm_get_cpu_archlist(built)}:
+        raise TargetError(f"unknown CPU mcpu={str(mcpu)!r}: LLVM {_llvm_major()} does not know it")
+    return built
+
+
+def _llvm_major() -> int:
+    return int(codegen.llvm_version_major())
+
+
+def uses_amx(target: Target) -> bool:
+    """Whether ``target`` enables any AMX feature."""
+    return any(f in target_features(target) for f in _AMX_FEATURES)
+
+
+def check_runnable_here(target: Target) -> None:
+    """Raise :class:`TargetError` if code built for ``target`` would fault on this CPU.
+
+    Running code that uses an ISA the CPU lacks (AMX on an AMD host, AVX-512 on an AVX2 laptop)
+    ends in SIGILL, or for AMX in an LLVM abort of the whole process, so we refuse up front.
+    """
+    missing = sorted(isa_feature for isa_feature in _isa_features(target) - host_features())
+    if missing:
+        raise TargetError(
+            f"this model was compiled for mcpu={target.attrs.get('mcpu')!s}, which uses "
+            f"{', '.join(missing)}; this CPU ({host_cpu()}) lacks "
+            f"{'them' if len(missing) > 1 else 'it'}. Compile with target='host' to run here."
+        )
+
+
+def _isa_features(target: Target) -> frozenset[str]:
+    """The vector/matrix ISA features of ``target`` that matter for running its code."""
+    watched = {f for _, needed in ISA_TIERS for f in needed} | {"avx", "avx512fp16"}
+    return frozenset(f for f in target_features(target) if f in watched)
+
+
+def describe_host() -> dict:
+    """Report what tvm_hybrid sees on this machine.
+
+    Returns
+    -------
+    dict
+        ``cpu`` (LLVM's name), ``physical_cores``, ``threads`` (TVM's pool size), ``isa`` (the
+        :data:`ISA_TIERS` found), ``cache`` (bytes), ``llvm`` and ``tvm`` versions.
+    """
+    return {
+        "cpu": host_cpu(),
+        "physical_cores": physical_cores(),
+        "threads": num_threads(),
+        "isa": isa_tiers(host_features()),
+        "cache": dataclasses.asdict(cache_sizes()),
+        "llvm": _llvm_major(),
+        "tvm": tvm.__version__,
+    }

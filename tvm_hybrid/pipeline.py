@@ -1,0 +1,81 @@
+"""The "hybrid" Relax pipeline: graph passes, fusion, expert/fallback TIR schedules, lowering.
+
+Registered with ``relax.register_pipeline("hybrid")``, so existing TVM code can use it through
+``tvm.compile(mod, target, relax_pipeline="hybrid")``.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
+from tvm.s_tir import dlight
+from tvm.s_tir import meta_schedule as ms
+from tvm.target import Target
+
+from .host import host_target
+from .schedules import default_rules
+
+
+def hybrid_pipeline(target: Target | None = None) -> tvm.transform.Pass:
+    """Build the hybrid pipeline.
+
+    Parameters
+    ----------
+    target
+        The CPU target. Defaults to the enclosing ``with target:`` scope (``tvm.compile`` opens
+        one), else the host.
+
+    Returns
+    -------
+    tvm.transform.Pass
+        A module pass taking an imported Relax module to one ready for ``relax.build``.
+    """
+
+    @tvm.transform.module_pass(opt_level=0, name="HybridPipeline")
+    def _pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        tgt = target or Target.current(allow_none=True) or host_target()
+        with tgt:
+            phases = [
+                # Phase 1: normalise the imported graph (inference-only forms, folded constants).
+                relax.transform.DecomposeOpsForInference(),
+                relax.transform.CanonicalizeBindings(),
+                relax.transform.FoldConstant(),
+                # Phase 2: graph passes (fusion patterns, weight prepacking, quantization).
+                *graph_passes(tgt),
+                # Phase 3: legalize to TIR and fuse producer/consumer chains into one kernel each.
+                *cpu_generic.library_dispatch_passes(tgt),
+                relax.transform.LegalizeOps(),
+                relax.transform.AnnotateTIROpPattern(),
+                relax.transform.FoldConstant(),
+                relax.transform.FuseOps(),
+                relax.transform.FuseTIR(),
+                # Phase 4: schedule TIR: tuning records first, then expert templates, then the
+                # parallel+vectorize fallback; anything left keeps stock lowering.
+                *_apply_records(),
+                dlight.ApplyDefaultSchedule(*default_rules()),
+                # Phase 5: lower dataflow, plan memory statically, and finalise for the VM.
+                *cpu_generic.dataflow_lower_passes(tgt),
+                *cpu_generic.finalize_passes(tgt),
+            ]
+            return tvm.transform.Sequential(phases)(mod)
+
+    return _pipeline
+
+
+def graph_passes(target: Target) -> list[tvm.transform.Pass]:
+    """Relax-level rewrites run before legalization (none yet for this target)."""
+    del target
+    return []
+
+
+def _apply_records() -> list[tvm.transform.Pass]:
+    if ms.database.Database.current() is None:
+        return []
+    return [relax.transform.MetaScheduleApplyDatabase(enable_warning=False)]
+
+
+def register() -> None:
+    """Register ``"hybrid"`` with Relax's pipeline registry (idempotent)."""
+    if "hybrid" not in relax.pipeline.PIPELINE_MAP:
+        relax.register_pipeline("hybrid")(hybrid_pipeline)

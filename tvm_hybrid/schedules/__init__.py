@@ -1,0 +1,18 @@
+"""TIR schedule rules, tried in order on every fused PrimFunc; the first that applies wins.
+
+Expert templates come first (each with an explicit "does this apply?" check); the generic
+:class:`ParallelVectorize` rule catches the rest. A function no rule takes keeps TVM's stock
+lowering.
+"""
+
+from __future__ import annotations
+
+from .parallel_vectorize import ParallelVectorize
+
+
+def default_rules() -> list:
+    """The schedule rules the hybrid pipeline applies, in priority order."""
+    return [ParallelVectorize()]
+
+
+__all__ = ["ParallelVectorize", "default_rules"]

@@ -1,0 +1,295 @@
+"""Fallback schedule: parallel outer loops, vectorised contiguous inner loops.
+
+Every fused TIR function that no expert template claims goes through this rule, so that nothing
+runs single-threaded and scalar, as stock TVM 0.27 does on CPU. Per function:
+
+1. Inline blocks whose recomputation is free: injective producers into injective consumers, and
+   pure data movement without transposition (padding, casts, copies) into reductions. Anything
+   costlier feeding a reduction (GELU before a matmul, say) stays materialised, so it is computed
+   once rather than once per reduction step.
+2. GEMM-like reductions (the innermost output axis is contiguous in one operand and not reduced)
+   get an ``MR x NR`` register tile accumulated in a local buffer across the whole reduction;
+   the elementwise epilogue (bias, activation) is inlined into the tile's write-back.
+3. Every other block: spatial loops outermost, fused and parallel; the innermost loop vectorised
+   when it is the contiguous axis of the written buffer; reductions stay serial per output.
+
+A function the rule cannot handle (opaque blocks, a schedule error) is returned as ``None`` and
+takes TVM's stock lowering.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import tvm
+import tvm.ir.expr as ir_expr
+import tvm.ir.prim.expr as prim
+import tvm_ffi
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis import SBlockInfo, get_sblock_info, normalize_prim_func
+from tvm.s_tir.dlight.base import ScheduleRule
+from tvm.target import Target
+
+from ..host import target_features
+
+logger = logging.getLogger(__name__)
+
+# Below this many iterations a parallel launch costs more than it saves.
+_MIN_PARALLEL_WORK = 1 << 14
+# Register-tile rows tried for GEMM-like blocks, best first; the first one dividing M is used.
+_TILE_ROWS = (6, 4, 3, 2, 1)
+
+
+def vector_lanes(target: Target, dtype: str) -> int:
+    """Elements of ``dtype`` in one vector register of ``target`` (zmm, ymm or xmm)."""
+    features = target_features(target)
+    bits = 512 if "avx512f" in features else 256 if "avx2" in features else 128
+    return max(1, bits // tvm.DataType(dtype).bits)
+
+
+class ParallelVectorize(ScheduleRule):
+    """Schedule any CPU PrimFunc with parallel, vectorised, register-tiled loops."""
+
+    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+            return None
+        sch = s_tir.Schedule(func)
+        try:
+            if not _schedule(sch, target):
+                return None
+        except Exception as err:  # noqa: BLE001 - any failure means: keep stock lowering
+            logger.debug("ParallelVectorize left a function to stock lowering: %s", err)
+            return None
+        return sch
+
+
+def _schedule(sch: s_tir.Schedule, target: Target) -> bool:
+    infos = normalize_prim_func(sch)
+    if infos is None or any("O" in info.dom_kind() for info in infos):
+        return False
+    _inline_free_producers(sch, infos)
+    root = sch.get_sblock("root")
+    done: set[str] = set()
+    while True:
+        pending = [b for b in sch.get_child_blocks(root) if sch.get(b).name_hint not in done]
+        if not pending:
+            return True
+        block = pending[0]
+        done.add(sch.get(block).name_hint)
+        if not sch.get_loops(block):
+            continue
+        info = get_sblock_info(sch, block)
+        if not info.is_reduction():
+            _schedule_spatial(sch, block, target)
+            continue
+        tile_loop = _tile_gemm_like(sch, block, info, target)
+        if tile_loop is None:
+            _schedule_row_reduction(sch, block, info)
+        else:  # the init and write-back blocks the tiling created are scheduled already
+            done.update(sch.get(b).name_hint for b in sch.get_child_blocks(tile_loop))
+
+
+# --- 1. inlining ---------------------------------------------------------------------------
+
+
+def _inline_free_producers(sch: s_tir.Schedule, infos: list[SBlockInfo]) -> None:
+    changed = True
+    while changed:
+        changed = False
+        for info in list(infos):
+            block = info.block_rv
+            if info.is_reduction() or _is_output(sch, block):
+                continue
+            consumers = sch.get_consumers(block)
+            if not consumers:
+                continue
+            into_reduction = any(get_sblock_info(sch, c).is_reduction() for c in consumers)
+            if into_reduction and not _is_plain_data_movement(sch.get(block)):
+                continue
+            try:
+                sch.compute_inline(block)
+            except s_tir.ScheduleError:
+                continue
+            infos.remove(info)
+            changed = True
+
+
+def _is_output(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
+    # Intermediates are allocated by the root block; anything else written is a parameter.
+    internal = list(sch.get(sch.get_sblock("root")).alloc_buffers)
+    return any(
+        not any(region.source.same_as(buf) for buf in internal) for region in sch.get(block).writes
+    )
+
+
+def _is_plain_data_movement(block) -> bool:
+    """A block whose value is a load (maybe cast or padded) with indices in iteration order.
+
+    Such a producer costs nothing to recompute inside a reduction and keeps the consumer's
+    access pattern, unlike a transpose or arithmetic.
+    """
+    store = block.body
+    if not isinstance(store, tirx.BufferStore):
+        return False
+    order = [iv.var for iv in block.iter_vars]
+    ok = True
+
+    def on_load(node) -> None:
+        nonlocal ok
+        seen = [n for index in node.indices for n, v in enumerate(order) if index.same_as(v)]
+        ok &= seen == sorted(seen)
+
+    def on_call(node) -> None:
+        nonlocal ok
+        ok &= getattr(node.op, "name", "") in ("tirx.if_then_else", "tirx.likely")
+
+    def on_arith(_node) -> None:
+        # arithmetic on values is work; on indices it is a reshape we do not want to inline
+        nonlocal ok
+        ok = False
+
+    arith = (prim.Mul, prim.Div, prim.FloorDiv, prim.Mod, prim.FloorMod)
+    tvm_ffi.structural_walk(
+        store.value, [(ir_expr.TensorLoad, on_load), (ir_expr.Call, on_call), (arith, on_arith)]
+    )
+    return ok
+
+
+# --- 2. GEMM-like reductions -----------------------------------------------------------------
+
+
+def _tile_gemm_like(sch, block, info: SBlockInfo, target: Target):
+    """Register-tile a GEMM-like block; return its outer tile loop, or None if it does not fit."""
+    kinds = info.dom_kind()
+    if kinds != "S" * kinds.count("S") + "R" * kinds.count("R") or kinds.count("S") < 2:
+        return None
+    stmt = sch.get(block)
+    out = stmt.writes[0].source
+    spatial = [iv.var for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
+    j_var = spatial[-1]
+    # The output's innermost index is the last spatial var, and one operand walks it contiguously.
+    if not _last_index_is(stmt.body, out, j_var):
+        return None
+    if not any(
+        not r.source.same_as(out) and _region_last_is(r, j_var) for r in stmt.reads
+    ):
+        return None
+    loops = sch.get_loops(block)
+    extents = [_const_extent(sch, lp) for lp in loops]
+    n_spatial = kinds.count("S")
+    m_ext, n_ext = extents[n_spatial - 2], extents[n_spatial - 1]
+    lanes = vector_lanes(target, out.dtype)
+    if m_ext is None or n_ext is None or n_ext % lanes:
+        return None
+    nr = 2 * lanes if n_ext % (2 * lanes) == 0 else lanes
+    mr = next(r for r in _TILE_ROWS if m_ext % r == 0)
+
+    outer = loops[: n_spatial - 2]
+    i_loop, j_loop = loops[n_spatial - 2], loops[n_spatial - 1]
+    reduce_loops = loops[n_spatial:]
+    io, ii = sch.split(i_loop, [None, mr])
+    jo, ji = sch.split(j_loop, [None, nr])
+    sch.reorder(*outer, io, jo, *reduce_loops, ii, ji)
+    tile_loop = sch.fuse(*outer, io, jo)
+    work = _product(extents)
+    if work is not None and work >= _MIN_PARALLEL_WORK:
+        sch.parallel(tile_loop)
+
+    acc = sch.cache_write(block, 0, "global")
+    sch.reverse_compute_at(acc, tile_loop, preserve_unit_loops=True)
+    _inline_epilogue(sch, acc)
+    sch.unroll(ii)
+    sch.vectorize(ji)
+    init = sch.decompose_reduction(block, reduce_loops[0])
+    sch.vectorize(sch.get_loops(init)[-1])
+    write_back = sch.get_loops(_write_back_block(sch, tile_loop))
+    sch.vectorize(write_back[-1])
+    return tile_loop
+
+
+def _inline_epilogue(sch, write_back) -> None:
+    """Fold elementwise consumers of the accumulator's write-back into it (bias, activation)."""
+    while True:
+        consumers = sch.get_consumers(write_back)
+        if len(consumers) != 1:
+            return
+        try:
+            sch.reverse_compute_inline(consumers[0])
+        except s_tir.ScheduleError:
+            return
+
+
+def _write_back_block(sch, tile_loop):
+    blocks = sch.get_child_blocks(tile_loop)
+    return blocks[-1]
+
+
+def _last_index_is(store, buffer, var) -> bool:
+    if not isinstance(store, tirx.BufferStore) or not store.buffer.same_as(buffer):
+        return False
+    return store.indices[-1].same_as(var)
+
+
+def _region_last_is(region, var) -> bool:
+    last = region.region[-1]
+    return last.min.same_as(var) and _is_one(last.extent)
+
+
+def _is_one(expr) -> bool:
+    return isinstance(expr, prim.IntImm) and expr.value == 1
+
+
+# --- 3. everything else ----------------------------------------------------------------------
+
+
+def _schedule_row_reduction(sch, block, info: SBlockInfo) -> None:
+    kinds = info.dom_kind()
+    loops = sch.get_loops(block)
+    spatial = [lp for lp, k in zip(loops, kinds) if k == "S"]
+    reduce = [lp for lp, k in zip(loops, kinds) if k == "R"]
+    if not spatial:
+        return
+    sch.reorder(*spatial, *reduce)
+    fused = sch.fuse(*spatial)
+    if _worth_parallel(sch, loops):
+        sch.parallel(fused)
+
+
+def _schedule_spatial(sch, block, target: Target) -> None:
+    loops = sch.get_loops(block)
+    stmt = sch.get(block)
+    out = stmt.writes[0].source
+    inner = loops[-1]
+    inner_ext = _const_extent(sch, inner)
+    lanes = vector_lanes(target, out.dtype)
+    vec = None
+    if inner_ext is not None and _last_index_is(stmt.body, out, stmt.iter_vars[-1].var):
+        width = next((w for w in (lanes, lanes // 2, lanes // 4) if w > 1 and inner_ext % w == 0),
+                     None)
+        if width is not None:
+            rest, vec = sch.split(inner, [None, width])
+            loops = [*loops[:-1], rest]
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    if _worth_parallel(sch, sch.get_loops(block)):
+        sch.parallel(fused)
+    if vec is not None:
+        sch.vectorize(vec)
+
+
+def _worth_parallel(sch, loops) -> bool:
+    work = _product([_const_extent(sch, lp) for lp in loops])
+    return work is None or work >= _MIN_PARALLEL_WORK
+
+
+def _const_extent(sch, loop) -> int | None:
+    extent = sch.get(loop).extent
+    return int(extent.value) if isinstance(extent, prim.IntImm) else None
+
+
+def _product(values) -> int | None:
+    total = 1
+    for value in values:
+        if value is None:
+            return None
+        total *= value
+    return total

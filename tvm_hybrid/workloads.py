@@ -1,0 +1,209 @@
+"""The paper's workloads as ONNX models with random weights (fixed seed).
+
+Used by ``tvm-hybrid demo``, the benchmark scripts and the tests. Each builder returns an
+``onnx.ModelProto`` whose weights are initializers, the way exporters from PyTorch write them
+(MatMul + Add for a Linear layer).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """A named model with the inputs to feed it and its floating-point op count."""
+
+    name: str
+    model: onnx.ModelProto
+    inputs: dict[str, np.ndarray]
+    flops: float
+
+
+class _Graph:
+    """Small helper to build an ONNX graph node by node."""
+
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng(seed)
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self._count = 0
+
+    def name(self, prefix: str) -> str:
+        self._count += 1
+        return f"{prefix}_{self._count}"
+
+    def const(self, array: np.ndarray, prefix: str = "c") -> str:
+        name = self.name(prefix)
+        self.inits.append(numpy_helper.from_array(np.asarray(array), name))
+        return name
+
+    def weight(self, *shape: int, scale: float | None = None) -> str:
+        scale = scale if scale is not None else 1.0 / math.sqrt(shape[0])
+        return self.const(self.rng.uniform(-scale, scale, shape).astype("float32"), "w")
+
+    def op(self, op_type: str, *inputs: str, **attrs) -> str:
+        out = self.name(op_type.lower())
+        self.nodes.append(helper.make_node(op_type, list(inputs), [out], **attrs))
+        return out
+
+    def linear(self, x: str, k: int, n: int) -> str:
+        return self.op("Add", self.op("MatMul", x, self.weight(k, n)), self.weight(n, scale=0.1))
+
+    def model(self, name, inputs, outputs) -> onnx.ModelProto:
+        graph = helper.make_graph(self.nodes, name, inputs, outputs, self.inits)
+        proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+        proto.ir_version = 8
+        onnx.checker.check_model(proto)
+        return proto
+
+
+def _value(name: str, shape, dtype=TensorProto.FLOAT) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, dtype, list(shape))
+
+
+def mlp(batch: int, dims: tuple[int, ...], *, seed: int = 0, final: str | None = None) -> Workload:
+    """A multi-layer perceptron: Linear+ReLU per layer; ``final`` (e.g. "Sigmoid") after the last.
+
+    MLP_1 of the paper is ``dims=(13, 512, 256, 128)``, MLP_2 is
+    ``(479, 1024, 1024, 512, 256, 1)`` with a final Sigmoid.
+    """
+    g = _Graph(seed)
+    x = "x"
+    for n, (k, m) in enumerate(zip(dims[:-1], dims[1:])):
+        x = g.linear(x, k, m)
+        last = n == len(dims) - 2
+        if not last or final is None:
+            x = g.op("Relu", x)
+        elif final:
+            x = g.op(final, x)
+    out = g.op("Identity", x)
+    proto = g.model("mlp", [_value("x", (batch, dims[0]))], [_value(out, (batch, dims[-1]))])
+    data = np.random.default_rng(seed + 1).standard_normal((batch, dims[0])).astype("float32")
+    flops = sum(2.0 * batch * k * m for k, m in zip(dims[:-1], dims[1:]))
+    name = f"mlp{'x'.join(map(str, dims))}_b{batch}"
+    return Workload(name, proto, {"x": data}, flops)
+
+
+def gemm(m: int, n: int, k: int, *, seed: int = 0) -> Workload:
+    """``Y = A @ W`` with a constant weight ``W`` of shape (k, n)."""
+    g = _Graph(seed)
+    out = g.op("MatMul", "a", g.weight(k, n, scale=1.0))
+    proto = g.model("gemm", [_value("a", (m, k))], [_value(out, (m, n))])
+    data = np.random.default_rng(seed + 1).standard_normal((m, k)).astype("float32")
+    return Workload(f"gemm{m}x{n}x{k}", proto, {"a": data}, 2.0 * m * n * k)
+
+
+def attention(batch: int, seq: int, *, heads: int = 12, head_dim: int = 64,
+              seed: int = 0) -> Workload:
+    """BERT multi-head attention core: softmax(Q·Kᵀ/√d + mask)·V on [batch, heads, seq, d]."""
+    g = _Graph(seed)
+    scores = g.op("MatMul", "q", g.op("Transpose", "k", perm=[0, 1, 3, 2]))
+    scaled = g.op("Div", scores, g.const(np.array(math.sqrt(head_dim), "float32")))
+    probs = g.op("Softmax", g.op("Add", scaled, "mask"), axis=-1)
+    out = g.op("MatMul", probs, "v")
+    shape = (batch, heads, seq, head_dim)
+    proto = g.model(
+        "mha",
+        [_value("q", shape), _value("k", shape), _value("v", shape),
+         _value("mask", (batch, 1, 1, seq))],
+        [_value(out, shape)],
+    )
+    rng = np.random.default_rng(seed + 1)
+    inputs = {n: rng.standard_normal(shape).astype("float32") for n in ("q", "k", "v")}
+    inputs["mask"] = _attention_mask(rng, batch, seq)
+    flops = 4.0 * batch * heads * seq * seq * head_dim
+    return Workload(f"mha_b{batch}_s{seq}", proto, inputs, flops)
+
+
+def bert_layer(batch: int, seq: int, *, hidden: int = 768, heads: int = 12, ffn: int = 3072,
+               seed: int = 0) -> Workload:
+    """One BERT encoder layer (post-LN), as exported from PyTorch.
+
+    QKV projections, scaled dot-product attention with an additive mask, output projection,
+    residual + LayerNorm, FFN with erf-GELU, residual + LayerNorm. BERT-base is the default size.
+    """
+    g = _Graph(seed)
+    head_dim = hidden // heads
+
+    def split_heads(t: str) -> str:  # [b, s, hidden] -> [b, heads, s, d]
+        shape = g.const(np.array([batch, seq, heads, head_dim], "int64"))
+        return g.op("Transpose", g.op("Reshape", t, shape), perm=[0, 2, 1, 3])
+
+    def layer_norm(t: str) -> str:
+        gamma = g.const(np.ones(hidden, "float32") + g.rng.uniform(-0.1, 0.1, hidden)
+                        .astype("float32"))
+        beta = g.const(g.rng.uniform(-0.1, 0.1, hidden).astype("float32"))
+        return g.op("LayerNormalization", t, gamma, beta, axis=-1, epsilon=1e-12)
+
+    x = "x"
+    q, k, v = (split_heads(g.linear(x, hidden, hidden)) for _ in range(3))
+    scores = g.op("MatMul", q, g.op("Transpose", k, perm=[0, 1, 3, 2]))
+    scaled = g.op("Div", scores, g.const(np.array(math.sqrt(head_dim), "float32")))
+    probs = g.op("Softmax", g.op("Add", scaled, "mask"), axis=-1)
+    context = g.op("Transpose", g.op("MatMul", probs, v), perm=[0, 2, 1, 3])
+    context = g.op("Reshape", context, g.const(np.array([batch, seq, hidden], "int64")))
+    attn = layer_norm(g.op("Add", g.linear(context, hidden, hidden), x))
+    h = g.linear(attn, hidden, ffn)
+    erf = g.op("Erf", g.op("Div", h, g.const(np.array(math.sqrt(2.0), "float32"))))
+    gelu = g.op("Mul", g.op("Mul", h, g.op("Add", erf, g.const(np.array(1.0, "float32")))),
+                g.const(np.array(0.5, "float32")))
+    out = g.op("Identity", layer_norm(g.op("Add", g.linear(gelu, ffn, hidden), attn)))
+    proto = g.model(
+        "bert_layer",
+        [_value("x", (batch, seq, hidden)), _value("mask", (batch, 1, 1, seq))],
+        [_value(out, (batch, seq, hidden))],
+    )
+    rng = np.random.default_rng(seed + 1)
+    inputs = {
+        "x": rng.standard_normal((batch, seq, hidden)).astype("float32"),
+        "mask": _attention_mask(rng, batch, seq),
+    }
+    tokens = batch * seq
+    flops = 2.0 * tokens * (4 * hidden * hidden + 2 * hidden * ffn) + 4.0 * batch * seq * seq * hidden
+    suffix = "" if hidden == 768 else f"_h{hidden}"
+    return Workload(f"bert_layer_b{batch}_s{seq}{suffix}", proto, inputs, flops)
+
+
+def _attention_mask(rng, batch: int, seq: int) -> np.ndarray:
+    """Additive mask: 0 for real tokens, -10000 for padding at the end of each sequence."""
+    mask = np.zeros((batch, 1, 1, seq), "float32")
+    for b in range(batch):
+        mask[b, ..., seq - int(rng.integers(0, seq // 4 + 1)):] = -10000.0
+    return mask
+
+
+def demo_workloads() -> list[Workload]:
+    """The embedded default models of ``tvm-hybrid demo``: a DLRM-style MLP and a BERT layer."""
+    return [
+        mlp(128, (479, 1024, 1024, 512, 256, 1), final="Sigmoid"),
+        bert_layer(1, 128, hidden=256, heads=4, ffn=1024),
+    ]
+
+
+def paper_workloads(quick: bool = False) -> list[Workload]:
+    """The oneDNN Graph Compiler paper's fp32 workloads (``quick``: one of each kind)."""
+    if quick:
+        return [
+            gemm(1024, 1024, 1024),
+            mlp(32, (13, 512, 256, 128)),
+            mlp(32, (479, 1024, 1024, 512, 256, 1), final="Sigmoid"),
+            attention(1, 128),
+            bert_layer(1, 128),
+        ]
+    out = [gemm(1024, 1024, 1024)]
+    for batch in (32, 128):
+        out.append(mlp(batch, (13, 512, 256, 128)))
+        out.append(mlp(batch, (479, 1024, 1024, 512, 256, 1), final="Sigmoid"))
+    for batch, seq in ((1, 128), (1, 384), (32, 128), (32, 384)):
+        out.append(attention(batch, seq))
+    for batch in (1, 8):
+        out.append(bert_layer(batch, 128))
+    return out
