@@ -56,7 +56,9 @@ def load_onnx(model: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.ModelP
     try:
         proto = onnx.load(str(path))
     except Exception as err:
-        raise ModelLoadError(f"{path} is not a valid ONNX model ({type(err).__name__}: {err})")
+        raise ModelLoadError(
+            f"{path} is not a valid ONNX model ({type(err).__name__}: {err})"
+        ) from None
     if not proto.graph.node and not proto.graph.output:
         raise ModelLoadError(f"{path} is not a valid ONNX model: its graph is empty")
     return proto
@@ -127,7 +129,9 @@ def _onnx_inputs(proto: onnx.ModelProto, overrides: dict[str, tuple]) -> list[Te
     initializers = {init.name for init in proto.graph.initializer}
     unknown = set(overrides) - {i.name for i in proto.graph.input}
     if unknown:
-        raise ModelLoadError(f"input_shapes names inputs the model does not have: {sorted(unknown)}")
+        raise ModelLoadError(
+            f"input_shapes names inputs the model does not have: {sorted(unknown)}"
+        )
     specs = []
     for value in proto.graph.input:
         if value.name in initializers:

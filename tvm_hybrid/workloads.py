@@ -69,7 +69,8 @@ def _value(name: str, shape, dtype=TensorProto.FLOAT) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, dtype, list(shape))
 
 
-def mlp(batch: int, dims: tuple[int, ...], *, seed: int = 0, final: str | None = None) -> Workload:
+def mlp(batch: int, dims: tuple[int, ...], *, seed: int = 0, final: str | None = None,
+        name: str | None = None) -> Workload:
     """A multi-layer perceptron: Linear+ReLU per layer; ``final`` (e.g. "Sigmoid") after the last.
 
     MLP_1 of the paper is ``dims=(13, 512, 256, 128)``, MLP_2 is
@@ -88,7 +89,7 @@ def mlp(batch: int, dims: tuple[int, ...], *, seed: int = 0, final: str | None =
     proto = g.model("mlp", [_value("x", (batch, dims[0]))], [_value(out, (batch, dims[-1]))])
     data = np.random.default_rng(seed + 1).standard_normal((batch, dims[0])).astype("float32")
     flops = sum(2.0 * batch * k * m for k, m in zip(dims[:-1], dims[1:]))
-    name = f"mlp{'x'.join(map(str, dims))}_b{batch}"
+    name = f"{name or 'mlp' + 'x'.join(map(str, dims))}_b{batch}"
     return Workload(name, proto, {"x": data}, flops)
 
 
@@ -167,7 +168,8 @@ def bert_layer(batch: int, seq: int, *, hidden: int = 768, heads: int = 12, ffn:
         "mask": _attention_mask(rng, batch, seq),
     }
     tokens = batch * seq
-    flops = 2.0 * tokens * (4 * hidden * hidden + 2 * hidden * ffn) + 4.0 * batch * seq * seq * hidden
+    flops = 2.0 * tokens * (4 * hidden * hidden + 2 * hidden * ffn)
+    flops += 4.0 * batch * seq * seq * hidden  # Q·Kᵀ and P·V
     suffix = "" if hidden == 768 else f"_h{hidden}"
     return Workload(f"bert_layer_b{batch}_s{seq}{suffix}", proto, inputs, flops)
 
@@ -183,7 +185,7 @@ def _attention_mask(rng, batch: int, seq: int) -> np.ndarray:
 def demo_workloads() -> list[Workload]:
     """The embedded default models of ``tvm-hybrid demo``: a DLRM-style MLP and a BERT layer."""
     return [
-        mlp(128, (479, 1024, 1024, 512, 256, 1), final="Sigmoid"),
+        mlp(128, (479, 1024, 1024, 512, 256, 1), final="Sigmoid", name="dlrm_mlp"),
         bert_layer(1, 128, hidden=256, heads=4, ffn=1024),
     ]
 
@@ -193,15 +195,15 @@ def paper_workloads(quick: bool = False) -> list[Workload]:
     if quick:
         return [
             gemm(1024, 1024, 1024),
-            mlp(32, (13, 512, 256, 128)),
-            mlp(32, (479, 1024, 1024, 512, 256, 1), final="Sigmoid"),
+            mlp(32, (13, 512, 256, 128), name="mlp1"),
+            mlp(32, (479, 1024, 1024, 512, 256, 1), final="Sigmoid", name="mlp2"),
             attention(1, 128),
             bert_layer(1, 128),
         ]
     out = [gemm(1024, 1024, 1024)]
     for batch in (32, 128):
-        out.append(mlp(batch, (13, 512, 256, 128)))
-        out.append(mlp(batch, (479, 1024, 1024, 512, 256, 1), final="Sigmoid"))
+        out.append(mlp(batch, (13, 512, 256, 128), name="mlp1"))
+        out.append(mlp(batch, (479, 1024, 1024, 512, 256, 1), final="Sigmoid", name="mlp2"))
     for batch, seq in ((1, 128), (1, 384), (32, 128), (32, 384)):
         out.append(attention(batch, seq))
     for batch in (1, 8):

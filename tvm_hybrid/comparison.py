@@ -1,0 +1,163 @@
+"""Side-by-side comparison of runtimes on one model: outputs checked first, then timed.
+
+Timing is interleaved (each round runs every runtime once, in turn) so that load from other
+processes on a shared machine hits all of them alike; the median over rounds is reported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+import onnx
+
+from .peers import available, make_runner
+
+
+@dataclasses.dataclass
+class PeerResult:
+    """What one runtime did on one model."""
+
+    name: str
+    compile_s: float = float("nan")
+    median_ms: float = float("nan")
+    max_rel_err: float = float("nan")
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclasses.dataclass
+class Comparison:
+    """Results of :func:`compare` for one model."""
+
+    model: str
+    flops: float | None
+    results: list[PeerResult]
+
+    def by_name(self, name: str) -> PeerResult | None:
+        return next((r for r in self.results if r.name == name), None)
+
+
+def compare(
+    name: str,
+    model: onnx.ModelProto,
+    inputs: dict[str, np.ndarray],
+    peers: list[str],
+    *,
+    flops: float | None = None,
+    rounds: int = 15,
+    min_round_ms: float = 20.0,
+    max_seconds_per_peer: float = 20.0,
+    rtol: float = 1e-3,
+    atol: float = 1e-3,
+    target="host",
+) -> Comparison:
+    """Compile ``model`` with each peer, check outputs agree, and time them interleaved.
+
+    Parameters
+    ----------
+    peers
+        Runtime names from :data:`tvm_hybrid.peers.PEERS`; the first one that runs is the
+        reference for the output check (put ``"tvm"``, stock TVM, first to check against it).
+    rounds
+        Timing rounds; each round times every peer once.
+    min_round_ms
+        A round repeats a call until it has taken at least this long, and reports the mean.
+    max_seconds_per_peer
+        A slow peer (untuned stock TVM) gets fewer rounds so that it takes about this long.
+    rtol, atol
+        Output agreement tolerance against the reference: ``|a - b| <= atol + rtol * |b|``.
+    """
+    results, runners, reference = [], {}, None
+    for peer in peers:
+        result = PeerResult(peer)
+        results.append(result)
+        if not available(peer):
+            result.error = "not installed"
+            continue
+        try:
+            start = time.perf_counter()
+            runner = make_runner(peer, model, target)
+            outputs = runner(inputs)
+            result.compile_s = time.perf_counter() - start
+        except Exception as err:  # a peer failing must not stop the comparison
+            result.error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            continue
+        if reference is None:
+            reference = outputs
+            result.max_rel_err = 0.0
+        else:
+            result.max_rel_err, agree = _agreement(outputs, reference, rtol, atol)
+            if not agree:
+                result.error = f"outputs differ from {results[0].name} (rel err {result.max_rel_err:.2e})"
+                continue
+        runners[peer] = runner
+
+    samples: dict[str, list[float]] = {peer: [] for peer in runners}
+    calls: dict[str, int] = {}
+    for peer, runner in runners.items():  # warm up and size each peer's round
+        start = time.perf_counter()
+        runner(inputs)
+        once_ms = (time.perf_counter() - start) * 1e3
+        calls[peer] = max(1, int(min_round_ms / max(once_ms, 1e-3)))
+        samples[peer].append(once_ms)
+    budget_rounds = {
+        peer: max(2, min(rounds, int(max_seconds_per_peer * 1e3 / max(s[0] * calls[peer], 1e-3))))
+        for peer, s in samples.items()
+    }
+    for peer in samples:
+        samples[peer].clear()
+    for round_index in range(rounds):
+        for peer, runner in runners.items():
+            if round_index >= budget_rounds[peer]:
+                continue
+            start = time.perf_counter()
+            for _ in range(calls[peer]):
+                runner(inputs)
+            samples[peer].append((time.perf_counter() - start) * 1e3 / calls[peer])
+    for result in results:
+        if result.name in samples and samples[result.name]:
+            result.median_ms = float(np.median(samples[result.name]))
+    return Comparison(name, flops, results)
+
+
+def _agreement(outputs, reference, rtol, atol) -> tuple[float, bool]:
+    if len(outputs) != len(reference):
+        return float("inf"), False
+    worst, agree = 0.0, True
+    for got, want in zip(outputs, reference, strict=True):
+        got, want = np.asarray(got, dtype="float64"), np.asarray(want, dtype="float64")
+        if got.shape != want.shape:
+            return float("inf"), False
+        scale = max(float(np.abs(want).max(initial=0.0)), 1e-6)
+        worst = max(worst, float(np.abs(got - want).max(initial=0.0)) / scale)
+        agree &= bool(np.allclose(got, want, rtol=rtol, atol=atol))
+    return worst, agree
+
+
+def format_table(comparisons: list[Comparison], *, baseline: str = "tvm",
+                 peak_gflops: float | None = None) -> str:
+    """A plain-text table: one row per model and runtime, with speed-up over ``baseline``."""
+    header = f"{"model":24s} {'runtime':12s} {'median ms':>11s} {'GFLOP/s':>9s}"
+    header += f" {'% peak':>7s}" if peak_gflops else ""
+    header += f" {'vs ' + baseline:>10s} {'compile s':>10s}  note"
+    lines = [header, "-" * len(header)]
+    for comp in comparisons:
+        base = comp.by_name(baseline)
+        base_ms = base.median_ms if base and base.ok else float("nan")
+        for r in comp.results:
+            if not r.ok:
+                lines.append(f"{comp.model:24s} {r.name:12s} {'-':>11s}  ({r.error})")
+                continue
+            gflops = comp.flops / r.median_ms / 1e6 if comp.flops else float("nan")
+            row = f"{comp.model:24s} {r.name:12s} {r.median_ms:11.3f} {gflops:9.1f}"
+            if peak_gflops:
+                row += f" {100 * gflops / peak_gflops:6.1f}%"
+            row += f" {base_ms / r.median_ms:9.2f}x {r.compile_s:10.2f}"
+            row += f"  rel err {r.max_rel_err:.1e}"
+            lines.append(row)
+    return "\n".join(lines)

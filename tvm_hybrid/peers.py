@@ -1,0 +1,91 @@
+"""The runtimes a user would pick instead of tvm_hybrid, behind one interface.
+
+Each runner compiles (or loads) an ONNX model and returns a callable taking the model's inputs
+as a name -> array dict and returning its outputs as a list of arrays. ``hybrid`` and ``tvm``
+(stock TVM's default pipeline) are always available; ``onnxruntime`` and ``openvino`` when
+installed (``pip install tvm_hybrid[bench]``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import tempfile
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+
+from .thread_pool import physical_cores
+
+Runner = Callable[[dict[str, np.ndarray]], list[np.ndarray]]
+
+PEERS = ("hybrid", "tvm", "onnxruntime", "openvino")
+_MODULES = {"onnxruntime": "onnxruntime", "openvino": "openvino"}
+
+
+def available(name: str) -> bool:
+    """Whether the peer ``name`` can run here."""
+    if name not in PEERS:
+        raise ValueError(f"unknown peer {name!r}; known: {', '.join(PEERS)}")
+    module = _MODULES.get(name)
+    return module is None or importlib.util.find_spec(module) is not None
+
+
+def make_runner(name: str, model: onnx.ModelProto, target="host") -> Runner:
+    """Compile ``model`` with the peer ``name`` and return a callable running it."""
+    if name in ("hybrid", "tvm"):
+        from .compiler import compile as hybrid_compile
+
+        compiled = hybrid_compile(model, target, pipeline="hybrid" if name == "hybrid" else "stock")
+        names = [spec.name for spec in compiled.inputs]
+
+        def run_tvm(feeds):
+            out = compiled(*[feeds[n] for n in names])
+            return list(out) if isinstance(out, tuple) else [out]
+
+        return run_tvm
+    if name == "onnxruntime":
+        return _onnxruntime(model)
+    if name == "openvino":
+        return _openvino(model)
+    raise ValueError(f"unknown peer {name!r}; known: {', '.join(PEERS)}")
+
+
+def _onnxruntime(model: onnx.ModelProto) -> Runner:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = physical_cores()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session = ort.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+    return lambda feeds: session.run(None, feeds)
+
+
+def _openvino(model: onnx.ModelProto, precision: str = "f32") -> Runner:
+    import openvino as ov
+
+    core = ov.Core()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "model.onnx")
+        onnx.save(model, path)
+        ov_model = core.read_model(path)
+    compiled = core.compile_model(
+        ov_model,
+        "CPU",
+        {
+            "INFERENCE_PRECISION_HINT": precision,
+            "INFERENCE_NUM_THREADS": physical_cores(),
+            "PERFORMANCE_HINT": "LATENCY",
+        },
+    )
+    request = compiled.create_infer_request()
+    outputs = compiled.outputs
+
+    def run(feeds):
+        result = request.infer(feeds)
+        return [np.asarray(result[o]) for o in outputs]
+
+    return run
