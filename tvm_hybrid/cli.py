@@ -106,7 +106,9 @@ def _input_shapes(text: str | None) -> dict[str, tuple] | None:
                 raise ValueError
             shapes[name] = tuple(int(d) for d in dims.split("x"))
         except ValueError:
-            raise TVMHybridError(f"--input-shapes: cannot parse {item!r} (want NAME:D1xD2)")
+            raise TVMHybridError(
+                f"--input-shapes: cannot parse {item!r} (want NAME:D1xD2)"
+            ) from None
     return shapes
 
 

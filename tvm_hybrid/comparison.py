@@ -93,7 +93,9 @@ def compare(
         else:
             result.max_rel_err, agree = _agreement(outputs, reference, rtol, atol)
             if not agree:
-                result.error = f"outputs differ from {results[0].name} (rel err {result.max_rel_err:.2e})"
+                result.error = (
+                    f"outputs differ from {results[0].name} (rel err {result.max_rel_err:.2e})"
+                )
                 continue
         runners[peer] = runner
 
@@ -142,7 +144,7 @@ def _agreement(outputs, reference, rtol, atol) -> tuple[float, bool]:
 def format_table(comparisons: list[Comparison], *, baseline: str = "tvm",
                  peak_gflops: float | None = None) -> str:
     """A plain-text table: one row per model and runtime, with speed-up over ``baseline``."""
-    header = f"{"model":24s} {'runtime':12s} {'median ms':>11s} {'GFLOP/s':>9s}"
+    header = f"{'model':24s} {'runtime':12s} {'median ms':>11s} {'GFLOP/s':>9s}"
     header += f" {'% peak':>7s}" if peak_gflops else ""
     header += f" {'vs ' + baseline:>10s} {'compile s':>10s}  note"
     lines = [header, "-" * len(header)]
