@@ -222,12 +222,11 @@ def _cmd_info(args) -> int:
     import tvm_ffi
 
     from . import __version__
-    from .host import describe_host, host_target
+    from .host import describe_host, host_target, target_to_dict
     from .schedules import default_rules
 
     info = describe_host()
-    info["target"] = {str(k): list(v) if isinstance(v, (tuple, list)) or type(v).__name__ == "Array"
-                      else v for k, v in host_target().export().items()}
+    info["target"] = target_to_dict(host_target())
     info["schedule_rules"] = [type(rule).__name__ for rule in default_rules()]
     info["versions"] = {"tvm_hybrid": __version__, "tvm": tvm.__version__,
                         "tvm_ffi": tvm_ffi.__version__, "onnx": onnx.__version__}

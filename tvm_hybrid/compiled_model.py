@@ -15,7 +15,7 @@ from tvm.target import Target
 
 from .errors import CompileError, InputError, ModelLoadError
 from .frontend import TensorSpec
-from .host import check_runnable_here
+from .host import check_runnable_here, target_to_dict
 
 _SOURCE_FORMATS = {"asm": "s", "s": "s", "ll": "ll", "llvm": "ll", "tir": "tir"}
 
@@ -158,12 +158,12 @@ class CompiledModel:
             raise CompileError(f"could not export {path}: {err}") from None
         meta = {
             "format": "tvm_hybrid/1",
-            "target": self.target.export(),
+            "target": target_to_dict(self.target),
             "inputs": [
                 {"name": s.name, "shape": list(s.shape), "dtype": s.dtype} for s in self.inputs
             ],
         }
-        Path(str(path) + ".json").write_text(json.dumps(_jsonable(meta), indent=1))
+        Path(str(path) + ".json").write_text(json.dumps(meta, indent=1))
         return path
 
 
@@ -244,13 +244,3 @@ def _to_numpy(value):
     if isinstance(value, (list, tuple)) or type(value).__name__ in ("Array", "Tuple"):
         return tuple(_to_numpy(v) for v in value)
     return value
-
-
-def _jsonable(value):
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)) or type(value).__name__ == "Array":
-        return [_jsonable(v) for v in value]
-    if isinstance(value, (int, float, bool, str)) or value is None:
-        return value
-    return str(value)

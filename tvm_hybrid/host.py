@@ -153,6 +153,21 @@ def make_target(target: str | dict | Target | None = "host") -> Target:
     return built
 
 
+def target_to_dict(target: Target) -> dict:
+    """``target`` as a plain JSON-serialisable dict, accepted back by :func:`make_target`."""
+
+    def plain(value):
+        if isinstance(value, (str, int, float, bool)) or value is None:
+            return value
+        if isinstance(value, dict) or hasattr(value, "items"):
+            return {str(k): plain(v) for k, v in value.items()}
+        if hasattr(value, "__iter__"):
+            return [plain(v) for v in value]
+        return str(value)
+
+    return plain(target.export())
+
+
 def _llvm_major() -> int:
     return int(codegen.llvm_version_major())
 

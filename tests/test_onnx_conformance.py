@@ -1,0 +1,51 @@
+"""Every ONNX backend test case that stock TVM gets right must also be right under hybrid.
+
+The cases are the ones shipped inside the installed onnx package (pytorch-converted,
+pytorch-operator, simple, and the light CNN models), checked with onnx's own comparison and
+tolerances. A case stock TVM fails is an xfail whose reason is stock TVM's error.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import CONFORMANCE
+
+from tvm_hybrid.conformance import cases, check_case
+from tvm_hybrid.onnx_backend import HybridBackend, StockTVMBackend
+
+CASES = cases()
+
+
+def test_cases_were_found():
+    kinds = {case.kind for case in CASES}
+    assert kinds == {"pytorch-converted", "pytorch-operator", "simple", "real"}
+    assert len(CASES) > 100
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c.kind}/{c.name}" for c in CASES])
+def test_hybrid_matches_reference_where_stock_does(case):
+    stock = check_case(case, StockTVMBackend)
+    if not stock.ok:
+        CONFORMANCE["stock_fails"].append(case.name)
+        pytest.xfail(f"stock TVM fails: {stock.reason}")
+    hybrid = check_case(case, HybridBackend)
+    if not hybrid.ok:
+        CONFORMANCE["regressions"].append(case.name)
+    else:
+        CONFORMANCE["both"].append(case.name)
+    assert hybrid.ok, f"stock TVM passes {case.name} but hybrid does not: {hybrid.reason}"
+
+
+def test_backend_api_runs_a_model():
+    import numpy as np
+    import onnx.backend.base
+
+    from tvm_hybrid import onnx_backend
+    from tvm_hybrid.workloads import mlp
+
+    wl = mlp(4, (8, 16, 4))
+    assert issubclass(HybridBackend, onnx.backend.base.Backend)
+    assert onnx_backend.supports_device("CPU") and not onnx_backend.supports_device("CUDA")
+    (out,) = onnx_backend.run_model(wl.model, [wl.inputs["x"]])
+    (want,) = StockTVMBackend.run_model(wl.model, [wl.inputs["x"]])
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
