@@ -49,7 +49,8 @@ def small_model():
 
 
 def test_wrong_input_shape(small_model):
-    with pytest.raises(tvm_hybrid.InputError, match=r"input 'x' must have shape \(4, 8\), got \(4, 9\)"):
+    message = r"input 'x' must have shape \(4, 8\), got \(4, 9\)"
+    with pytest.raises(tvm_hybrid.InputError, match=message):
         small_model(np.zeros((4, 9), "float32"))
 
 
