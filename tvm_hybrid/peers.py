@@ -58,6 +58,9 @@ def _onnxruntime(model: onnx.ModelProto) -> Runner:
     options = ort.SessionOptions()
     options.intra_op_num_threads = physical_cores()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # Idle ORT threads otherwise spin for a while after each run and, timed interleaved with
+    # other runtimes on few cores, steal those cores from whichever runtime runs next.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(
         model.SerializeToString(), options, providers=["CPUExecutionProvider"]
     )
