@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
 from pathlib import Path
 
 import numpy as np
@@ -201,22 +200,6 @@ def summarize_times(times_ms) -> dict:
         "std_ms": float(times.std()),
         "repeat": int(times.size),
     }
-
-
-def time_callable(fn, *, repeat: int = 30, min_repeat_ms: float = 50.0) -> dict:
-    """Time a Python callable the way :meth:`CompiledModel.benchmark` times a model."""
-    fn()
-    start = time.perf_counter()
-    fn()
-    once = max(time.perf_counter() - start, 1e-7)
-    number = max(1, int(min_repeat_ms / 1e3 / once))
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        for _ in range(number):
-            fn()
-        times.append((time.perf_counter() - start) / number * 1e3)
-    return summarize_times(times)
 
 
 def _check_input(spec: TensorSpec, array: np.ndarray) -> np.ndarray:
