@@ -135,12 +135,7 @@ def _cmd_run(args) -> int:
         if missing:
             raise TVMHybridError(f"{args.inputs} lacks input(s) {missing}; it has {sorted(feeds)}")
     else:
-        rng = np.random.default_rng(0)
-        arrays = {}
-        for spec in model.inputs:
-            if not all(isinstance(d, int) for d in spec.shape):
-                raise TVMHybridError(f"input {spec.name!r} has a dynamic shape; pass --inputs")
-            arrays[spec.name] = rng.standard_normal(spec.shape).astype(spec.dtype)
+        arrays = _random_inputs(model.inputs, "--inputs")
         print("no --inputs given: using random inputs (seed 0)")
     outputs = model(**arrays)
     outputs = outputs if isinstance(outputs, tuple) else (outputs,)
@@ -157,6 +152,17 @@ def _cmd_run(args) -> int:
         print(f"latency: median {stats['median_ms']:.3f} ms, p10 {stats['p10_ms']:.3f} ms, "
               f"p90 {stats['p90_ms']:.3f} ms over {stats['repeat']} runs")
     return 0
+
+
+def _random_inputs(specs, flag: str) -> dict[str, np.ndarray]:
+    """Random inputs (seed 0) for static-shaped ``specs``; ``flag`` is what to pass otherwise."""
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for spec in specs:
+        if not all(isinstance(d, int) for d in spec.shape):
+            raise TVMHybridError(f"input {spec.name!r} has a dynamic shape; pass {flag}")
+        feeds[spec.name] = rng.standard_normal(spec.shape).astype(spec.dtype)
+    return feeds
 
 
 def _read_npz(path: str) -> dict[str, np.ndarray]:
@@ -177,12 +183,7 @@ def _cmd_bench(args) -> int:
     target = make_target(args.target)
     proto = load_onnx(args.model)
     inputs = import_model(proto, input_shapes=_input_shapes(args.input_shapes)).inputs
-    rng = np.random.default_rng(0)
-    feeds = {}
-    for spec in inputs:
-        if not all(isinstance(d, int) for d in spec.shape):
-            raise TVMHybridError(f"input {spec.name!r} has a dynamic shape; pass --input-shapes")
-        feeds[spec.name] = rng.standard_normal(spec.shape).astype(spec.dtype)
+    feeds = _random_inputs(inputs, "--input-shapes")
     peers = ["hybrid"] + [p.strip() for p in args.compare.split(",") if p.strip() != "hybrid"]
     if "tvm" in peers:  # stock TVM is the reference the outputs are checked against
         peers.remove("tvm")
