@@ -163,3 +163,27 @@ def format_table(comparisons: list[Comparison], *, baseline: str = "tvm",
             row += f"  rel err {r.max_rel_err:.1e}"
             lines.append(row)
     return "\n".join(lines)
+
+
+def format_ratios(comparisons: list[Comparison], subject: str = "hybrid") -> str:
+    """One row per model: ``subject``'s time and its speed ratio over every other runtime.
+
+    A ratio above 1.00 means ``subject`` is faster (``other_ms / subject_ms``).
+    """
+    others = [r.name for r in comparisons[0].results if r.name != subject] if comparisons else []
+    header = f"{'model':24s} {subject + ' ms':>11s}" + "".join(
+        f" {'vs ' + name:>15s}" for name in others
+    )
+    lines = [header, "-" * len(header)]
+    for comp in comparisons:
+        mine = comp.by_name(subject)
+        if mine is None or not mine.ok:
+            lines.append(f"{comp.model:24s} {'-':>11s}")
+            continue
+        row = f"{comp.model:24s} {mine.median_ms:11.3f}"
+        for name in others:
+            other = comp.by_name(name)
+            ok = other is not None and other.ok
+            row += f" {other.median_ms / mine.median_ms:14.2f}x" if ok else f" {'-':>15s}"
+        lines.append(row)
+    return "\n".join(lines)

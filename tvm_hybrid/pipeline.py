@@ -14,6 +14,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 
 from .host import host_target
+from .passes import FastMath, FuseGemmEpilogues, PrepackConstantWeights
 from .schedules import default_rules
 
 
@@ -64,9 +65,16 @@ def hybrid_pipeline(target: Target | None = None) -> tvm.transform.Pass:
 
 
 def graph_passes(target: Target) -> list[tvm.transform.Pass]:
-    """Relax-level rewrites run before legalization (none yet for this target)."""
-    del target
-    return []
+    """Relax-level rewrites run before legalization.
+
+    Constant weights are prepacked for the GEMM microkernel, each GEMM is grouped with its
+    epilogue chain (``patterns.py``), and exp/erf/tanh/softmax take vectorisable forms.
+    """
+    return [
+        PrepackConstantWeights(target),
+        FuseGemmEpilogues(),
+        FastMath(),
+    ]
 
 
 def _apply_records() -> list[tvm.transform.Pass]:

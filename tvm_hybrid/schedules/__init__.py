@@ -7,12 +7,13 @@ lowering.
 
 from __future__ import annotations
 
+from .gemm_template import GemmTemplate
 from .parallel_vectorize import ParallelVectorize
 
 
 def default_rules() -> list:
     """The schedule rules the hybrid pipeline applies, in priority order."""
-    return [ParallelVectorize()]
+    return [GemmTemplate(), ParallelVectorize()]
 
 
-__all__ = ["ParallelVectorize", "default_rules"]
+__all__ = ["GemmTemplate", "ParallelVectorize", "default_rules"]

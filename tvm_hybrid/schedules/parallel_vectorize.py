@@ -67,13 +67,18 @@ def _schedule(sch: s_tir.Schedule, target: Target) -> bool:
     infos = normalize_prim_func(sch)
     if infos is None or any("O" in info.dom_kind() for info in infos):
         return False
-    _inline_free_producers(sch, infos)
+    inline_free_producers(sch, infos)
+    schedule_blocks(sch, target, set())
+    return True
+
+
+def schedule_blocks(sch: s_tir.Schedule, target: Target, done: set[str]) -> None:
+    """Schedule every top-level block whose name is not in ``done`` (steps 2 and 3)."""
     root = sch.get_sblock("root")
-    done: set[str] = set()
     while True:
         pending = [b for b in sch.get_child_blocks(root) if sch.get(b).name_hint not in done]
         if not pending:
-            return True
+            return
         block = pending[0]
         done.add(sch.get(block).name_hint)
         if not sch.get_loops(block):
@@ -92,7 +97,7 @@ def _schedule(sch: s_tir.Schedule, target: Target) -> bool:
 # --- 1. inlining ---------------------------------------------------------------------------
 
 
-def _inline_free_producers(sch: s_tir.Schedule, infos: list[SBlockInfo]) -> None:
+def inline_free_producers(sch: s_tir.Schedule, infos: list[SBlockInfo]) -> None:
     changed = True
     while changed:
         changed = False

@@ -1,0 +1,317 @@
+"""The fp32 engine: microkernel assembly, template numerics over a shape sweep, fusion, prepacking.
+
+Numerics are checked against numpy in float64 with fp32 tolerances (rtol 1e-4, atol 1e-4 times
+the output's scale), over shapes chosen to hit every tail: M = 1, primes, N and K not multiples
+of the vector width, batched 3-D/4-D operands with constant and non-constant weights.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import onnx
+import pytest
+import tvm
+from onnx import TensorProto, helper, numpy_helper
+
+import tvm_hybrid
+from tvm_hybrid import workloads
+from tvm_hybrid.heuristics import GemmShape, choose_blocks, choose_kernel, choose_knobs
+from tvm_hybrid.host import CacheSizes, host_features
+from tvm_hybrid.microkernels import FP32_MICROKERNELS, fp32_microkernels
+from tvm_hybrid.passes.prepack import pack_weight
+from tvm_hybrid.schedules.gemm_template import TEMPLATE_ANNOTATION
+
+AVX512 = "avx512f" in host_features()
+needs_avx2 = pytest.mark.skipif("avx2" not in host_features(), reason="needs an AVX2 host")
+
+
+def _model(nodes, inputs, outputs, inits=()) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = 8
+    return proto
+
+
+def _value(name, shape):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape))
+
+
+def _close(got, want):
+    want = np.asarray(want, "float64")
+    scale = max(float(np.abs(want).max()), 1.0)
+    np.testing.assert_allclose(np.asarray(got, "float64"), want, rtol=1e-4, atol=1e-4 * scale)
+
+
+def _templated_kernels(model: tvm_hybrid.CompiledModel) -> list[str]:
+    return [
+        gvar.name_hint
+        for gvar, func in model.lowered.functions.items()
+        if isinstance(func, tvm.tirx.PrimFunc) and TEMPLATE_ANNOTATION in func.script()
+    ]
+
+
+# --- numerics over a shape sweep --------------------------------------------------------------
+
+_SWEEP = [(1, 1000, 37), (1, 1, 1), (2, 3, 5), (13, 17, 479), (32, 1, 256), (7, 64, 16),
+          (64, 48, 33), (128, 768, 768), (5, 31, 1024)]
+_rng_shapes = np.random.default_rng(1234)
+_SWEEP += [tuple(int(v) for v in _rng_shapes.integers(1, 300, 3)) for _ in range(6)]
+
+
+@pytest.mark.parametrize("m,n,k", _SWEEP, ids=lambda v: str(v))
+def test_linear_relu_matches_numpy(m, n, k, rng):
+    """Constant-weight Linear + bias + ReLU (prepacked path) for awkward shapes."""
+    w = rng.standard_normal((k, n)).astype("float32")
+    b = rng.standard_normal(n).astype("float32")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
+             helper.make_node("Add", ["h", "b"], ["hb"]),
+             helper.make_node("Relu", ["hb"], ["y"])]
+    proto = _model(nodes, [_value("x", (m, k))], [_value("y", (m, n))],
+                   [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    x = rng.standard_normal((m, k)).astype("float32")
+    model = tvm_hybrid.compile(proto)
+    _close(model(x), np.maximum(x.astype("float64") @ w + b, 0))
+    if k > 1:  # K = 1 is an outer product, left to the fallback rule
+        assert _templated_kernels(model), "the GEMM template did not schedule this GEMM"
+
+
+@pytest.mark.parametrize("trans_b", [0, 1])
+def test_onnx_gemm_transposed_weight(trans_b, rng):
+    m, n, k = 24, 40, 72
+    w = rng.standard_normal((n, k) if trans_b else (k, n)).astype("float32")
+    c = rng.standard_normal(n).astype("float32")
+    node = helper.make_node("Gemm", ["x", "w", "c"], ["y"], transB=trans_b, alpha=0.5)
+    proto = _model([node], [_value("x", (m, k))], [_value("y", (m, n))],
+                   [numpy_helper.from_array(w, "w"), numpy_helper.from_array(c, "c")])
+    x = rng.standard_normal((m, k)).astype("float32")
+    model = tvm_hybrid.compile(proto)
+    weight = w.T if trans_b else w
+    _close(model(x), 0.5 * (x.astype("float64") @ weight) + c)
+    assert _templated_kernels(model)
+
+
+@pytest.mark.parametrize("a_shape,b_shape", [
+    ((3, 40, 24), (24, 48)),            # 3-D activation, constant weight
+    ((2, 3, 16, 40), (2, 3, 40, 64)),   # 4-D batched, both operands are inputs
+    ((4, 16, 40), (4, 40, 32)),         # 3-D batched, both inputs
+    ((12, 1, 64), (12, 64, 128)),       # M = 1 per batch
+])
+def test_batched_matmul(a_shape, b_shape, rng):
+    a = rng.standard_normal(a_shape).astype("float32")
+    b = rng.standard_normal(b_shape).astype("float32")
+    out_shape = np.matmul(a, b).shape
+    if len(b_shape) == 2:
+        proto = _model([helper.make_node("MatMul", ["a", "b"], ["y"])], [_value("a", a_shape)],
+                       [_value("y", out_shape)], [numpy_helper.from_array(b, "b")])
+        got = tvm_hybrid.compile(proto)(a)
+    else:
+        proto = _model([helper.make_node("MatMul", ["a", "b"], ["y"])],
+                       [_value("a", a_shape), _value("b", b_shape)], [_value("y", out_shape)])
+        got = tvm_hybrid.compile(proto)(a, b)
+    _close(got, np.matmul(a.astype("float64"), b))
+
+
+# --- microkernel assembly --------------------------------------------------------------------
+
+
+def _hot_loops(asm: str) -> list[str]:
+    """Loop bodies (from a label to the jump back to it) that hold packed FMAs."""
+    loops = []
+    for match in re.finditer(r"^(\.?L\w+):", asm, flags=re.M):
+        back_edge = re.search(rf"^\s+j\w+\s+{re.escape(match.group(1))}$", asm[match.end():],
+                              flags=re.M)
+        if back_edge:
+            body = asm[match.end(): match.end() + back_edge.end()]
+            if re.search(r"vfmadd\d+ps\s", body):
+                loops.append(body)
+    return loops
+
+
+@pytest.mark.parametrize("mcpu,register", [("znver4", "zmm"), ("haswell", "ymm")])
+def test_microkernel_assembly(mcpu, register):
+    """FMAs on full vector registers, A broadcast, no spills in the kernel loop.
+
+    Compiled for a named CPU (the assembly is only printed, never run), so it holds on any host.
+    """
+    target = {"kind": "llvm", "mcpu": mcpu, "mtriple": "x86_64-linux-gnu", "num-cores": 2}
+    wl = workloads.gemm(64, 256, 128)
+    model = tvm_hybrid.compile(wl.model, target=target)
+    loops = _hot_loops(model.inspect_source("asm"))
+    assert loops, "no FMA loop in the GEMM kernel"
+    most = max(len(re.findall(r"vfmadd", b)) for b in loops)
+    # the innermost loop with the most FMAs (outer loops contain the same FMAs)
+    hot = min((b for b in loops if len(re.findall(r"vfmadd", b)) == most), key=len)
+    fmas = re.findall(r"vfmadd231ps\s+(.*)", hot)
+    assert len(fmas) >= 8, hot
+    assert all(f"%{register}" in f for f in fmas), hot
+    assert "vbroadcastss" in hot or "{1to" in hot, hot
+    assert "(%rsp)" not in hot and "(%rbp)" not in hot, f"register spill in the kernel loop:\n{hot}"
+
+
+def test_microkernel_descriptions_fit_register_files():
+    for family in FP32_MICROKERNELS.values():
+        assert family and all(k.fits_registers() for k in family)
+        assert {k.nr // k.lanes for k in family} == {1, 2}
+    avx512 = FP32_MICROKERNELS["avx512"][0]
+    assert (avx512.lanes, avx512.num_registers) == (16, 32)
+    assert FP32_MICROKERNELS["avx2"][0].lanes == 8
+
+
+@needs_avx2
+def test_isa_is_picked_from_target_features():
+    def isa(mcpu):
+        target = tvm_hybrid.make_target({"kind": "llvm", "mcpu": mcpu})
+        kernels = fp32_microkernels(target)
+        return kernels[0].isa if kernels else None
+
+    assert isa("skylake-avx512") == "avx512"
+    assert isa("haswell") == "avx2"
+    assert isa("x86-64") is None
+
+
+# --- heuristics ----------------------------------------------------------------------------------
+
+
+def test_heuristic_kernel_and_blocks():
+    kernels = FP32_MICROKERNELS["avx512"]
+    caches = CacheSizes(l1d=48 * 1024, l2=1024 * 1024, l3=32 << 20)
+    for shape in (GemmShape(1, 1024, 1024, 1024), GemmShape(1, 128, 768, 3072),
+                  GemmShape(1, 13, 32, 479), GemmShape(12, 128, 64, 128)):
+        kernel = choose_kernel(shape, kernels)
+        assert shape.m % kernel.mr == 0 and shape.n % kernel.nr == 0
+        mb, nb = choose_blocks(shape, kernel, caches, threads=2)
+        blocks = shape.batch * (shape.m // kernel.mr // mb) * (shape.n // kernel.nr // nb)
+        assert blocks % 2 == 0 or blocks == 1 or shape.batch % 2 == 1
+        if mb > 1:  # the A block and one B panel fit in half of L2
+            assert (mb * kernel.mr + kernel.nr) * shape.k * 4 <= caches.l2 // 2
+    big = choose_knobs(GemmShape(1, 1024, 1024, 1024), kernels, caches, 2)
+    assert big.kernel.mr * big.kernel.nr // big.kernel.lanes >= 8  # enough accumulators
+    assert choose_knobs(GemmShape(1, 7, 5, 3), [k for k in kernels if k.nr == 32], caches, 2) \
+        is None  # no tail-free tile: the template declines, the fallback rule takes it
+
+
+def test_knobs_are_schedule_decisions():
+    """The template's block sizes are recorded as sample_perfect_tile decisions in the trace."""
+    from tvm import s_tir, te
+
+    from tvm_hybrid.schedules.gemm_analysis import match_gemm
+    from tvm_hybrid.schedules.gemm_template import knobs_for, schedule_gemm
+
+    a = te.placeholder((256, 64), name="A")
+    b = te.placeholder((8, 64, 32), name="B")
+    k = te.reduce_axis((0, 64), name="k")
+    c = te.compute((256, 256), lambda i, j: te.sum(a[i, k] * b[j // 32, k, j % 32], axis=k),
+                   name="C")
+    sch = s_tir.Schedule(te.create_prim_func([a, b, c]))
+    target = tvm_hybrid.make_target("host")
+    gemm = match_gemm(sch, sch.get_sblock("C"))
+    assert gemm is not None and gemm.packed_nr == 32
+    knobs = knobs_for(gemm, target)
+    if knobs is None:
+        pytest.skip("needs an AVX2 or AVX-512 host")
+    schedule_gemm(sch, gemm, knobs)
+    decisions = [list(map(int, d)) for inst, d in sch.trace.decisions.items()
+                 if inst.kind.name == "SamplePerfectTile"]
+    assert [32 // knobs.m_block, knobs.m_block] in decisions
+    assert [8 // knobs.n_block, knobs.n_block] in decisions
+
+
+# --- fusion and prepacking ---------------------------------------------------------------------
+
+
+def test_one_kernel_per_linear_layer():
+    wl = workloads.mlp(8, (24, 64, 48, 16), final="Sigmoid")
+    model = tvm_hybrid.compile(wl.model)
+    assert len(model.kernel_names()) == 3, model.kernel_names()
+    assert len(_templated_kernels(model)) == 3
+    _close(model(**wl.inputs), tvm_hybrid.compile(wl.model, pipeline="stock")(**wl.inputs))
+
+
+def test_bert_layer_fusion_groups():
+    wl = workloads.bert_layer(1, 16, hidden=64, heads=2, ffn=128)
+    model = tvm_hybrid.compile(wl.model)
+    names = model.kernel_names()
+    gemm_kernels = [n for n in names if "packed_matmul" in n]
+    calls = re.findall(r"(fused_hybrid_packed_matmul\w*)\(", model.lowered["main"].script())
+    assert len(calls) == 6  # Q, K, V, output projection, FFN up, FFN down: one kernel each
+    assert any("erf" in n for n in gemm_kernels), "GELU not fused into the FFN GEMM"
+    assert sum(n.endswith("add_relax_add") for n in gemm_kernels) == 2, "residual adds not fused"
+    assert not any(n.startswith(("add", "multiply", "divide", "erf")) for n in names), names
+    stock = tvm_hybrid.compile(wl.model, pipeline="stock")(**wl.inputs)
+    _close(model(**wl.inputs), stock)
+
+
+@pytest.mark.parametrize("activation", ["Sigmoid", "Tanh", "gelu_tanh", "scale"])
+def test_epilogue_patterns_fuse(activation, rng):
+    m, k, n = 16, 32, 48
+    w = rng.standard_normal((k, n)).astype("float32")
+    b = rng.standard_normal(n).astype("float32")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
+             helper.make_node("Add", ["h", "b"], ["hb"])]
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")]
+    hb = None
+    if activation == "gelu_tanh":
+        consts = {"three": 3.0, "c1": 0.044715, "c2": float(np.sqrt(2 / np.pi)), "half": 0.5,
+                  "one": 1.0}
+        inits += [numpy_helper.from_array(np.array(v, "float32"), name)
+                  for name, v in consts.items()]
+        nodes += [helper.make_node("Pow", ["hb", "three"], ["cube"]),
+                  helper.make_node("Mul", ["cube", "c1"], ["t1"]),
+                  helper.make_node("Add", ["hb", "t1"], ["t2"]),
+                  helper.make_node("Mul", ["t2", "c2"], ["t3"]),
+                  helper.make_node("Tanh", ["t3"], ["t4"]),
+                  helper.make_node("Mul", ["hb", "half"], ["t5"]),
+                  helper.make_node("Add", ["t4", "one"], ["t6"]),
+                  helper.make_node("Mul", ["t5", "t6"], ["y"])]
+    elif activation == "scale":
+        inits.append(numpy_helper.from_array(np.array(0.125, "float32"), "s"))
+        nodes.append(helper.make_node("Mul", ["hb", "s"], ["y"]))
+    else:
+        nodes.append(helper.make_node(activation, ["hb"], ["y"]))
+    proto = _model(nodes, [_value("x", (m, k))], [_value("y", (m, n))], inits)
+    x = rng.standard_normal((m, k)).astype("float32")
+    model = tvm_hybrid.compile(proto)
+    assert len(model.kernel_names()) == 1, model.kernel_names()
+    hb = x.astype("float64") @ w + b
+    want = {
+        "Sigmoid": 1 / (1 + np.exp(-hb)),
+        "Tanh": np.tanh(hb),
+        "scale": hb * 0.125,
+        "gelu_tanh": 0.5 * hb * (1 + np.tanh(np.sqrt(2 / np.pi) * (hb + 0.044715 * hb**3))),
+    }[activation]
+    _close(model(x), want)
+
+
+def test_weights_prepacked_at_compile_time():
+    """No layout transform is left in main; the packed constant is what the kernel reads."""
+    k, n = 40, 50
+    wl = workloads.mlp(4, (k, n))
+    model = tvm_hybrid.compile(wl.model)
+    main = model.lowered["main"]
+    assert "layout_transform" not in main.script() and "permute_dims" not in main.script()
+    assert [spec.name for spec in model.inputs] == ["x"]
+    constants = []
+    tvm.relax.analysis.post_order_visit(
+        main, lambda e: constants.append(e.value.numpy()) if isinstance(e, tvm.ir.GenericConst)
+        and hasattr(e.value, "numpy") else None)
+    kernels = fp32_microkernels(model.target)
+    if kernels:
+        weight = numpy_helper.to_array(
+            next(i for i in wl.model.graph.initializer if list(i.dims) == [k, n]))
+        packed = pack_weight(weight, kernels[0].nr)
+        assert packed.shape == (-(-n // kernels[0].nr), k, kernels[0].nr)
+        assert any(c.shape == packed.shape and np.array_equal(c, packed) for c in constants)
+        assert not any(c.shape == weight.shape for c in constants), "unpacked weight left"
+    _close(model(**wl.inputs), tvm_hybrid.compile(wl.model, pipeline="stock")(**wl.inputs))
+
+
+def test_peak_measurement_is_plausible():
+    from tvm_hybrid.peak import measure_fp32_peak
+
+    if not fp32_microkernels(tvm_hybrid.make_target("host")):
+        pytest.skip("needs an AVX2 or AVX-512 host")
+    peak = measure_fp32_peak()
+    assert 0.3 < peak.clock_ghz < 8.0, peak
+    assert peak.gflops > 0

@@ -1,0 +1,109 @@
+"""Closed-form choice of the GEMM template's knobs (no search), from cache sizes and core count.
+
+The template (``schedules/gemm_template.py``) computes ``C[b, M, N] = A[b, M, K] @ B[K, N]`` as
+``mr x nr`` register tiles (a microkernel over the whole ``K``), grouped into blocks of ``mb``
+tiles down ``M`` and ``nb`` tiles across ``N``. Blocks are spread over the threads; inside a
+block, the loop over ``N`` tiles is outer, so one ``K x nr`` panel of ``B`` stays in L1/L2 while
+every row tile of the block's ``A`` (held in L2) is multiplied with it.
+
+The model, in the spirit of the oneDNN Graph Compiler's:
+
+1. **Microkernel.** Among the kernels whose ``mr`` divides ``M`` and ``nr`` divides ``N`` (no
+   tails), take the one with the most FMAs per load, ``(mr * nr / lanes) / (mr + nr / lanes)``,
+   needing at least 8 accumulators to cover FMA latency when ``M`` allows.
+2. **Blocks.** Over divisors ``mb`` of ``M / mr`` and ``nb`` of ``N / nr``, minimise::
+
+       cost = (1 / (nb * nr) + 1 / (mb * mr)) / balance + overhead / (mb * nb * mr * nr)
+
+   The first term is memory traffic per FLOP of a block (its ``A`` and ``B`` are each read
+   from memory once: square-ish blocks are best); ``balance = blocks / (threads *
+   ceil(blocks / threads))`` penalises a thread split that leaves cores idle; the last term
+   charges each block's loop and thread-scheduling overhead. Constraint: the ``A`` block plus
+   one ``B`` panel fit in half of L2, ``(mb * mr + nr) * K * 4 <= L2 / 2``, so ``A`` is read from
+   L2, not memory, for every ``N`` tile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from .host import CacheSizes
+from .microkernels import Microkernel
+
+# Accumulators needed to hide FMA latency: 2 FMA pipes x 4 cycles.
+_MIN_ACCUMULATORS = 8
+# Cost of one block's loop overhead, in units of FLOP-normalised traffic.
+_BLOCK_OVERHEAD = 4.0
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmShape:
+    """A GEMM ``batch x (M x K) @ (K x N)``, float element size ``itemsize`` bytes."""
+
+    batch: int
+    m: int
+    n: int
+    k: int
+    itemsize: int = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmKnobs:
+    """The template's knobs: microkernel, block sizes (in tiles), threads."""
+
+    kernel: Microkernel
+    m_block: int
+    n_block: int
+
+    def describe(self) -> str:
+        k = self.kernel
+        return (f"{k.isa} {k.mr}x{k.nr} microkernel, blocks of {self.m_block * k.mr}x"
+                f"{self.n_block * k.nr}")
+
+
+def choose_kernel(shape: GemmShape, kernels: list[Microkernel]) -> Microkernel | None:
+    """The microkernel for ``shape`` (rule 1 of the module docstring), or None if none fits."""
+    fitting = [k for k in kernels if shape.m % k.mr == 0 and shape.n % k.nr == 0]
+    if not fitting:
+        return None
+
+    def score(k: Microkernel) -> tuple:
+        vectors = k.nr // k.lanes
+        accumulators = k.mr * vectors
+        return (min(accumulators, _MIN_ACCUMULATORS), accumulators / (k.mr + vectors), k.nr)
+
+    return max(fitting, key=score)
+
+
+def choose_blocks(shape: GemmShape, kernel: Microkernel, caches: CacheSizes,
+                  threads: int) -> tuple[int, int]:
+    """``(m_block, n_block)`` in tiles (rule 2 of the module docstring)."""
+    m_tiles, n_tiles = shape.m // kernel.mr, shape.n // kernel.nr
+    budget = caches.l2 // 2
+    best, best_cost = (1, 1), math.inf
+    for mb in _divisors(m_tiles):
+        if mb > 1 and (mb * kernel.mr + kernel.nr) * shape.k * shape.itemsize > budget:
+            continue
+        for nb in _divisors(n_tiles):
+            blocks = shape.batch * (m_tiles // mb) * (n_tiles // nb)
+            balance = blocks / (threads * math.ceil(blocks / threads))
+            rows, cols = mb * kernel.mr, nb * kernel.nr
+            cost = (1 / cols + 1 / rows) / balance + _BLOCK_OVERHEAD / (rows * cols)
+            if cost < best_cost - 1e-12:
+                best, best_cost = (mb, nb), cost
+    return best
+
+
+def choose_knobs(shape: GemmShape, kernels: list[Microkernel], caches: CacheSizes,
+                 threads: int) -> GemmKnobs | None:
+    """All knobs for ``shape``, or None when no microkernel tiles it without tails."""
+    kernel = choose_kernel(shape, kernels)
+    if kernel is None:
+        return None
+    m_block, n_block = choose_blocks(shape, kernel, caches, threads)
+    return GemmKnobs(kernel, m_block, n_block)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]

@@ -1,0 +1,182 @@
+"""GEMM microkernels declared as data, and the generator that makes them TIR tensor intrinsics.
+
+A :class:`Microkernel` says what a register tile is: the ISA it needs, its dtypes, the tile
+``mr x nr`` held in accumulator registers, the vector width and how many registers it uses. One
+generator, :func:`tensor_intrin`, turns a description plus a reduction length into a batch-reduce
+GEMM tile intrinsic registered with ``s_tir.TensorIntrin.register``::
+
+    C[mr, nr] (local accumulators) += sum_k A[mr, k] * B[k, nr]
+
+with ``B`` in the packed layout the GEMM template produces (``nr`` contiguous floats per ``k``).
+The implementation broadcasts one element of ``A`` per row and issues ``nr / lanes`` FMAs on full
+vector registers per row and ``k`` step; LLVM keeps the ``mr * nr / lanes`` accumulators in
+registers across the ``k`` loop (the assembly test checks: FMAs with broadcast loads, no spills).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+from tvm import s_tir
+from tvm.script import tirx as T
+from tvm.target import Target
+
+from .host import target_features
+
+
+@dataclasses.dataclass(frozen=True)
+class Microkernel:
+    """One register-tiled GEMM microkernel.
+
+    Attributes
+    ----------
+    isa
+        Short ISA name (``"avx512"``, ``"avx2"``); part of the intrinsic's name.
+    features
+        Target features the kernel needs (all of them).
+    in_dtype, acc_dtype
+        Operand and accumulator dtypes.
+    mr, nr
+        Register tile: rows of ``A`` broadcast, columns of ``B`` held in vectors.
+    vector_bits
+        Vector register width.
+    num_registers
+        Vector registers the ISA has (32 zmm with AVX-512, 16 ymm with AVX2).
+    k_step
+        Reduction elements consumed per FMA (1 for fp32; 4 for VNNI int8, 2 for bf16).
+    """
+
+    isa: str
+    features: tuple[str, ...]
+    in_dtype: str
+    acc_dtype: str
+    mr: int
+    nr: int
+    vector_bits: int
+    num_registers: int
+    k_step: int = 1
+
+    @property
+    def lanes(self) -> int:
+        """Accumulator elements per vector register."""
+        return self.vector_bits // int(self.acc_dtype[-2:])
+
+    @property
+    def registers_used(self) -> int:
+        """Accumulators, plus the ``B`` row vectors, plus one broadcast of ``A``."""
+        return self.mr * self.nr // self.lanes + self.nr // self.lanes + 1
+
+    @property
+    def name(self) -> str:
+        return f"hybrid_gemm_{self.isa}_{self.in_dtype}_{self.mr}x{self.nr}"
+
+    def fits_registers(self) -> bool:
+        return self.registers_used <= self.num_registers
+
+
+def _family(isa, features, vector_bits, num_registers) -> list[Microkernel]:
+    lanes = vector_bits // 32
+    out = []
+    for vectors in (2, 1):  # nr = 2 vectors first: half the broadcasts per FMA
+        for mr in range(16, 0, -1):
+            kernel = Microkernel(isa, features, "float32", "float32", mr, vectors * lanes,
+                                 vector_bits, num_registers)
+            if kernel.fits_registers():
+                out.append(kernel)
+    return out
+
+
+#: Every fp32 microkernel, by ISA, best ISA first.
+FP32_MICROKERNELS: dict[str, list[Microkernel]] = {
+    "avx512": _family("avx512", ("avx512f",), 512, 32),
+    "avx2": _family("avx2", ("avx2", "fma"), 256, 16),
+}
+
+
+def fp32_microkernels(target: Target) -> list[Microkernel]:
+    """The fp32 microkernels ``target`` can run: its widest ISA's family, or ``[]``."""
+    features = target_features(target)
+    for family in FP32_MICROKERNELS.values():
+        if all(f in features for f in family[0].features):
+            return family
+    return []
+
+
+def tensor_intrin(kernel: Microkernel, k: int) -> str:
+    """Register (once) and return the name of ``kernel``'s tensor intrinsic for reduction ``k``.
+
+    Parameters
+    ----------
+    kernel
+        The microkernel description.
+    k
+        The reduction length covered by one call (the whole ``K`` of a GEMM, any value).
+    """
+    return _register(kernel, int(k))
+
+
+@functools.cache
+def _register(kernel: Microkernel, k: int) -> str:
+    name = f"{kernel.name}_k{k}"
+    desc, impl = _tile_functions(kernel.mr, kernel.nr, k, kernel.lanes, kernel.in_dtype)
+    s_tir.TensorIntrin.register(name, desc, impl, override=True)
+    return name
+
+
+def _tile_functions(mr: int, nr: int, kc: int, lanes: int, dtype: str):
+    """The (description, implementation) pair of an ``mr x nr`` tile over ``kc`` steps."""
+    vectors = nr // lanes
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, b: T.handle, c: T.handle):
+        lda = T.int32()
+        ldb = T.int32()
+        ldc = T.int32()
+        A = T.match_buffer(a, (mr, kc), dtype, offset_factor=1, strides=[lda, 1])
+        B = T.match_buffer(b, (kc, nr), dtype, offset_factor=1, strides=[ldb, 1])
+        C = T.match_buffer(c, (mr, nr), dtype, offset_factor=1, strides=[ldc, 1], scope="local")
+        with T.sblock("root"):
+            T.reads(C[0:mr, 0:nr], A[0:mr, 0:kc], B[0:kc, 0:nr])
+            T.writes(C[0:mr, 0:nr])
+            for i, j, kk in T.grid(mr, nr, kc):
+                with T.sblock("update"):
+                    vi, vj, vk = T.axis.remap("SSR", [i, j, kk])
+                    C[vi, vj] = C[vi, vj] + A[vi, vk] * B[vk, vj]
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle):
+        lda = T.int32()
+        ldb = T.int32()
+        ldc = T.int32()
+        A = T.match_buffer(a, (mr, kc), dtype, offset_factor=1, strides=[lda, 1])
+        B = T.match_buffer(b, (kc, nr), dtype, offset_factor=1, strides=[ldb, 1])
+        C = T.match_buffer(c, (mr, nr), dtype, offset_factor=1, strides=[ldc, 1], scope="local")
+        with T.sblock("root"):
+            T.reads(C[0:mr, 0:nr], A[0:mr, 0:kc], B[0:kc, 0:nr])
+            T.writes(C[0:mr, 0:nr])
+            for kk in T.serial(kc):
+                for i in T.unroll(mr):
+                    for v in T.unroll(vectors):
+                        C[i, T.ramp(v * lanes, 1, lanes)] = C[
+                            i, T.ramp(v * lanes, 1, lanes)
+                        ] + T.broadcast(A[i, kk], lanes) * B[kk, T.ramp(v * lanes, 1, lanes)]
+
+    @T.prim_func(s_tir=True)
+    def desc_one_row(a: T.handle, b: T.handle, c: T.handle):
+        # With mr == 1 blockize keeps the unit row loop but drops its block var: match that.
+        lda = T.int32()
+        ldb = T.int32()
+        ldc = T.int32()
+        A = T.match_buffer(a, (mr, kc), dtype, offset_factor=1, strides=[lda, 1])
+        B = T.match_buffer(b, (kc, nr), dtype, offset_factor=1, strides=[ldb, 1])
+        C = T.match_buffer(c, (mr, nr), dtype, offset_factor=1, strides=[ldc, 1], scope="local")
+        with T.sblock("root"):
+            T.reads(C[0:mr, 0:nr], A[0:mr, 0:kc], B[0:kc, 0:nr])
+            T.writes(C[0:mr, 0:nr])
+            for _i, j, kk in T.grid(1, nr, kc):
+                with T.sblock("update"):
+                    vj, vk = T.axis.remap("SR", [j, kk])
+                    C[0, vj] = C[0, vj] + A[0, vk] * B[vk, vj]
+
+    return (desc_one_row if mr == 1 else desc), impl

@@ -1,0 +1,7 @@
+"""Relax graph passes of the hybrid pipeline (phase 2), one per module."""
+
+from .fast_math import FastMath
+from .fuse_epilogues import FuseGemmEpilogues
+from .prepack import PrepackConstantWeights
+
+__all__ = ["FastMath", "FuseGemmEpilogues", "PrepackConstantWeights"]

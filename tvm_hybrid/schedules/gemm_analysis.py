@@ -1,0 +1,102 @@
+"""Is this TIR block a GEMM the expert template covers? (analysis only, no scheduling)
+
+A covered block computes ``C[..., i, j] += A[..., i, k] * B[...]`` in fp32, with ``B`` read either
+plainly, ``B[..., k, j]``, or in the packed layout of ``passes/prepack.py``,
+``B[j // nr, k, j % nr]``. Leading spatial axes are batch axes; the single reduction axis is
+``k``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import tvm.ir.expr as ir_expr
+import tvm.ir.prim.expr as prim
+from tvm import s_tir, tirx
+
+from ..heuristics import GemmShape
+
+
+@dataclasses.dataclass
+class GemmBlock:
+    """A GEMM block found by :func:`match_gemm`: its loops, shape and ``B`` layout."""
+
+    block: s_tir.schedule.SBlockRV
+    shape: GemmShape
+    packed_nr: int | None  # the panel width when B is prepacked, else None
+    dtype: str
+
+
+def match_gemm(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> GemmBlock | None:
+    """Describe ``block`` as a :class:`GemmBlock`, or return None if it is not one."""
+    stmt = sch.get(block)
+    kinds = [iv.iter_type for iv in stmt.iter_vars]
+    reduce = tirx.IterVar.CommReduce
+    if kinds.count(reduce) != 1 or kinds[-1] != reduce or len(kinds) < 3:
+        return None
+    loops = sch.get_loops(block)
+    if len(loops) != len(kinds):
+        return None
+    extents = []
+    for loop in loops:
+        extent = sch.get(loop).extent
+        if not isinstance(extent, prim.IntImm):
+            return None
+        extents.append(int(extent.value))
+    store = stmt.body
+    if not isinstance(store, tirx.BufferStore) or str(store.buffer.dtype) != "float32":
+        return None
+    ivars = [iv.var for iv in stmt.iter_vars]
+    *spatial, k = ivars
+    i, j = spatial[-2], spatial[-1]
+    if len(store.indices) != len(spatial) or not all(
+        idx.same_as(v) for idx, v in zip(store.indices, spatial)
+    ):
+        return None
+    value = store.value
+    if not isinstance(value, prim.Add) or not _is_load_of(value.a, store.buffer):
+        return None
+    product = value.b
+    if not isinstance(product, prim.Mul):
+        return None
+    loads = [product.a, product.b]
+    if not all(isinstance(x, ir_expr.TensorLoad) for x in loads):
+        return None
+    a_load = next((x for x in loads if _ends_with(x.indices, [i, k])), None)
+    if a_load is None:
+        return None
+    b_load = loads[1] if a_load is loads[0] else loads[0]
+    packed_nr = _packed_width(b_load.indices, j, k)
+    if packed_nr is None and not _ends_with(b_load.indices, [k, j]):
+        return None
+    batch = 1
+    for extent in extents[: len(spatial) - 2]:
+        batch *= extent
+    shape = GemmShape(batch, extents[len(spatial) - 2], extents[len(spatial) - 1], extents[-1])
+    return GemmBlock(block, shape, packed_nr, "float32")
+
+
+def _is_load_of(expr, buffer) -> bool:
+    return isinstance(expr, ir_expr.TensorLoad) and expr.source.same_as(buffer)
+
+
+def _ends_with(indices, variables) -> bool:
+    if len(indices) < len(variables):
+        return False
+    return all(a.same_as(b) for a, b in zip(list(indices)[-len(variables):], variables))
+
+
+def _packed_width(indices, j, k) -> int | None:
+    """``nr`` if ``indices`` are ``[j // nr, k, j % nr]``, else None."""
+    if len(indices) != 3 or not indices[1].same_as(k):
+        return None
+    outer, inner = indices[0], indices[2]
+    if not (isinstance(outer, prim.FloorDiv) and isinstance(inner, prim.FloorMod)):
+        return None
+    if not (outer.a.same_as(j) and inner.a.same_as(j)):
+        return None
+    if not (isinstance(outer.b, prim.IntImm) and isinstance(inner.b, prim.IntImm)):
+        return None
+    if outer.b.value != inner.b.value:
+        return None
+    return int(outer.b.value)

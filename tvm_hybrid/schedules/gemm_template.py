@@ -1,0 +1,166 @@
+"""The expert GEMM template: one schedule function whose knobs are MetaSchedule decisions.
+
+For a block ``C[b..., M, N] += A[b..., M, K] * B[K, N]`` (``B`` plain or prepacked), the loop
+nest is::
+
+    parallel for (b..., m_block, n_block):        # blocks spread over the cores
+      for n_tile in n_block:                      # one K x nr panel of B stays hot
+        for m_tile in m_block:                    # A block stays in L2
+          acc[mr, nr] = 0
+          acc += A[m_tile, :] @ B[:, n_tile]      # tensorized microkernel, whole K
+          C[m_tile, n_tile] = epilogue(acc)       # bias, activation, residual... while hot
+
+The block sizes are ``sample_perfect_tile`` decisions (the heuristic's values are passed as the
+decisions, so a tuner can search exactly these knobs); the microkernel comes from
+``microkernels.py``. The elementwise consumers FuseOps put in the same function (the fusion
+group's epilogue) are inlined into the tile's write-back, or computed at the tile (the paper's
+"anchor") when they cannot be inlined, e.g. the slice that drops the packing's padded columns.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis import get_sblock_info
+from tvm.s_tir.dlight.base import ScheduleRule
+from tvm.target import Target
+
+from ..heuristics import GemmKnobs, choose_knobs
+from ..host import cache_sizes
+from ..microkernels import fp32_microkernels, tensor_intrin
+from ..thread_pool import num_threads
+from .gemm_analysis import GemmBlock, match_gemm
+from .parallel_vectorize import inline_free_producers, schedule_blocks
+
+logger = logging.getLogger(__name__)
+
+#: Loop annotation naming the microkernel and blocks the template chose.
+TEMPLATE_ANNOTATION = "hybrid.gemm_template"
+
+
+class GemmTemplate(ScheduleRule):
+    """Schedule functions holding a GEMM with the expert template (heuristic knobs)."""
+
+    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+            return None
+        kernels = fp32_microkernels(target)
+        if not kernels:
+            return None
+        sch = s_tir.Schedule(func)
+        try:
+            # Not dlight's normalize_prim_func: it drops unit loops (M = 1) and fuses batch
+            # loops, which would hide the GEMM structure the template relies on.
+            root = sch.get_sblock("root")
+            infos = [get_sblock_info(sch, b) for b in sch.get_child_blocks(root)]
+            if any("O" in info.dom_kind() for info in infos):
+                return None
+            inline_free_producers(sch, infos)
+            done: set[str] = set()
+            scheduled = False
+            for block in _reduction_blocks(sch):
+                gemm = match_gemm(sch, block)
+                if gemm is None:
+                    continue
+                knobs = knobs_for(gemm, target)
+                if knobs is None:
+                    continue
+                done.add(sch.get(gemm.block).name_hint)
+                tile_loop = schedule_gemm(sch, gemm, knobs)
+                done.update(sch.get(b).name_hint for b in sch.get_child_blocks(tile_loop))
+                scheduled = True
+            if not scheduled:
+                return None
+            schedule_blocks(sch, target, done)
+        except Exception as err:  # noqa: BLE001 - any failure: let the next rule try
+            logger.debug("GemmTemplate declined %s: %s", func.attrs, err)
+            return None
+        return sch
+
+
+def knobs_for(gemm: GemmBlock, target: Target) -> GemmKnobs | None:
+    """The heuristic knobs for ``gemm`` on ``target``, or None when no microkernel fits.
+
+    ``K = 1`` (an outer product, memory-bound) is left to the fallback rule.
+    """
+    if gemm.shape.k < 2:
+        return None
+    kernels = fp32_microkernels(target)
+    if gemm.packed_nr is not None:
+        kernels = [k for k in kernels if k.nr == gemm.packed_nr]
+    cores = int(target.attrs.get("num-cores", 0) or 0) if "num-cores" in target.attrs else 0
+    return choose_knobs(gemm.shape, kernels, cache_sizes(), cores or num_threads())
+
+
+def schedule_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
+    """Apply the template to ``gemm`` with ``knobs``; return the loop of one register tile."""
+    kernel = knobs.kernel
+    block = gemm.block
+    *batch, i, j, k = sch.get_loops(block)
+    m_tiles, n_tiles = gemm.shape.m // kernel.mr, gemm.shape.n // kernel.nr
+    io, ii = sch.split(i, [m_tiles, kernel.mr])
+    jo, ji = sch.split(j, [n_tiles, kernel.nr])
+    m_split = sch.sample_perfect_tile(
+        io, n=2, max_innermost_factor=m_tiles, decision=[m_tiles // knobs.m_block, knobs.m_block]
+    )
+    n_split = sch.sample_perfect_tile(
+        jo, n=2, max_innermost_factor=n_tiles, decision=[n_tiles // knobs.n_block, knobs.n_block]
+    )
+    m_outer, m_inner = sch.split(io, m_split)
+    n_outer, n_inner = sch.split(jo, n_split)
+    sch.reorder(*batch, m_outer, n_outer, n_inner, m_inner, ii, ji, k)
+    blocks = sch.fuse(*batch, m_outer, n_outer, preserve_unit_iters=True)
+    if gemm.shape.batch * (m_tiles // knobs.m_block) * (n_tiles // knobs.n_block) > 1:
+        sch.parallel(blocks)
+
+    acc = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(acc, m_inner, preserve_unit_loops=True)
+    _attach_epilogue(sch, acc, m_inner)
+    sch.decompose_reduction(block, ii)
+    update = sch.get(block).name_hint
+    for child in sch.get_child_blocks(m_inner):
+        if sch.get(child).name_hint != update:  # init, write-back and epilogue blocks
+            _vectorize_innermost(sch, child)
+    sch.tensorize(ii, tensor_intrin(kernel, gemm.shape.k))
+    # Visible in the scheduled TIR (CompiledModel.lowered), for users and tests.
+    sch.annotate(m_inner, TEMPLATE_ANNOTATION, f"{knobs.describe()}, K={gemm.shape.k}")
+    return m_inner
+
+
+def _attach_epilogue(sch: s_tir.Schedule, producer, tile_loop) -> None:
+    """Bring the elementwise chain after ``producer`` into the tile: inline, else compute-at."""
+    while True:
+        consumers = sch.get_consumers(producer)
+        if len(consumers) != 1:
+            return
+        consumer = consumers[0]
+        try:
+            sch.reverse_compute_inline(consumer)
+            continue
+        except s_tir.ScheduleError:
+            pass
+        if _is_reduction(sch, consumer):
+            return
+        try:
+            sch.reverse_compute_at(consumer, tile_loop, preserve_unit_loops=True)
+        except s_tir.ScheduleError:
+            return
+        producer = consumer
+
+
+def _vectorize_innermost(sch: s_tir.Schedule, block) -> None:
+    loops = sch.get_loops(block)
+    try:
+        sch.vectorize(loops[-1])
+    except s_tir.ScheduleError:
+        pass
+
+
+def _is_reduction(sch: s_tir.Schedule, block) -> bool:
+    return any(iv.iter_type == tirx.IterVar.CommReduce for iv in sch.get(block).iter_vars)
+
+
+def _reduction_blocks(sch: s_tir.Schedule) -> list:
+    root = sch.get_sblock("root")
+    return [b for b in sch.get_child_blocks(root) if _is_reduction(sch, b)]
