@@ -254,9 +254,10 @@ def _schedule_row_reduction(sch, block, info: SBlockInfo) -> None:
     reduce = [lp for lp, k in zip(loops, kinds) if k == "R"]
     if not spatial:
         return
+    worth = _worth_parallel(sch, loops)  # before fuse: fusing invalidates the loop handles
     sch.reorder(*spatial, *reduce)
     fused = sch.fuse(*spatial)
-    if _worth_parallel(sch, loops):
+    if worth:
         sch.parallel(fused)
 
 
