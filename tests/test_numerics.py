@@ -98,3 +98,17 @@ def test_tvm_compile_with_hybrid_pipeline_name(rng):
     x, w, b = (rng.standard_normal(s).astype("float32") for s in ((16, 8), (8, 32), (32,)))
     out = vm["main"](*(tvm.runtime.tensor(a) for a in (x, w, b))).numpy()
     np.testing.assert_allclose(out, np.maximum(x @ w + b, 0), rtol=RTOL, atol=ATOL)
+
+
+def test_softmax_and_layer_norm_kernels_are_parallel():
+    """Row reductions get the fallback's parallel schedule, not stock serial lowering."""
+    # large enough (>= 2**14 iterations) for the rule to parallelise
+    wl = workloads.bert_layer(2, 64, hidden=128, heads=4, ffn=256)
+    model = tvm_hybrid.compile(wl.model)
+    for gvar, func in model.lowered.functions.items():
+        name = gvar.name_hint
+        if isinstance(func, tvm.tirx.PrimFunc) and ("softmax" in name or "layer_norm" in name):
+            assert "T.parallel" in func.script(), f"{name} is not parallel"
+    stock = tvm_hybrid.compile(wl.model, pipeline="stock")
+    args = list(wl.inputs.values())
+    np.testing.assert_allclose(model(*args), stock(*args), rtol=RTOL, atol=ATOL)
