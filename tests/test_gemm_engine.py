@@ -251,7 +251,6 @@ def test_epilogue_patterns_fuse(activation, rng):
     nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
              helper.make_node("Add", ["h", "b"], ["hb"])]
     inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")]
-    hb = None
     if activation == "gelu_tanh":
         consts = {"three": 3.0, "c1": 0.044715, "c2": float(np.sqrt(2 / np.pi)), "half": 0.5,
                   "one": 1.0}

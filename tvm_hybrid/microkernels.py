@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from tvm import s_tir
+from tvm import DataType, s_tir
 from tvm.script import tirx as T
 from tvm.target import Target
 
@@ -60,7 +60,7 @@ class Microkernel:
     @property
     def lanes(self) -> int:
         """Accumulator elements per vector register."""
-        return self.vector_bits // int(self.acc_dtype[-2:])
+        return self.vector_bits // DataType(self.acc_dtype).bits
 
     @property
     def registers_used(self) -> int:

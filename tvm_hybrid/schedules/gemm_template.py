@@ -89,8 +89,8 @@ def knobs_for(gemm: GemmBlock, target: Target) -> GemmKnobs | None:
     kernels = fp32_microkernels(target)
     if gemm.packed_nr is not None:
         kernels = [k for k in kernels if k.nr == gemm.packed_nr]
-    cores = int(target.attrs.get("num-cores", 0) or 0) if "num-cores" in target.attrs else 0
-    return choose_knobs(gemm.shape, kernels, cache_sizes(), cores or num_threads())
+    cores = int(target.attrs.get("num-cores", 0)) or num_threads()
+    return choose_knobs(gemm.shape, kernels, cache_sizes(), cores)
 
 
 def schedule_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
