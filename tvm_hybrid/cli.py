@@ -56,8 +56,33 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="path to the .onnx model")
     p.add_argument("-o", "--output", required=True, help="where to write the .so")
     _add_target_flags(p)
-    p.add_argument("--tuning-records", help="MetaSchedule work directory to apply (no search)")
+    p.add_argument("--tuning-records", metavar="FILE|DIR",
+                   help="records from `tvm-hybrid tune` (or a MetaSchedule work directory) to "
+                        "apply; nothing is measured")
     p.set_defaults(handler=_cmd_compile)
+
+    p = sub.add_parser("tune", help="search the expert templates' knobs; write tuning records")
+    p.add_argument("model", help="path to the .onnx model")
+    p.add_argument("-o", "--output", required=True, help="records file to write (JSON)")
+    p.add_argument("--trials", type=int, default=64,
+                   help="configurations to measure over all kernels (default 64); each kernel "
+                        "measures the heuristic's first")
+    p.add_argument("--search", choices=("neighbourhood", "evolutionary"),
+                   default="neighbourhood",
+                   help="neighbourhood moves from the heuristic (default), or MetaSchedule's "
+                        "evolutionary search over the same knobs")
+    p.add_argument("--cost-model", choices=("random", "xgb"), default="random",
+                   help="cost model of --search evolutionary (xgb needs xgboost)")
+    p.add_argument("--rpc-tracker", metavar="HOST:PORT",
+                   help="measure on the servers registered with this TVM RPC tracker")
+    p.add_argument("--rpc-key", help="device key of those servers (with --rpc-tracker)")
+    p.add_argument("--restart", action="store_true",
+                   help="start over instead of resuming from the records in --output")
+    p.add_argument("--work-dir", default=None,
+                   help="directory for search logs (default: next to --output)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_target_flags(p)
+    p.set_defaults(handler=_cmd_tune)
 
     p = sub.add_parser("run", help="run a compiled model on inputs from an .npz file")
     p.add_argument("model", help="a .so written by `tvm-hybrid compile`")
@@ -121,6 +146,36 @@ def _cmd_compile(args) -> int:
     path = model.export(args.output)
     print(f"compiled {args.model} for {model.target.attrs.get('mcpu')} in "
           f"{time.perf_counter() - start:.1f} s -> {path}")
+    return 0
+
+
+def _cmd_tune(args) -> int:
+    from .tuning import RPCSettings, load_records, tune
+
+    rpc = None
+    if args.rpc_tracker or args.rpc_key:
+        if not (args.rpc_tracker and args.rpc_key):
+            raise TVMHybridError("--rpc-tracker and --rpc-key go together")
+        rpc = RPCSettings(args.rpc_tracker, args.rpc_key)
+    output = Path(args.output)
+    start = time.perf_counter()
+    path = tune(args.model, args.target, trials=args.trials, output=output,
+                work_dir=args.work_dir or output.parent, search=args.search,
+                cost_model=args.cost_model, rpc=rpc, resume=not args.restart,
+                input_shapes=_input_shapes(args.input_shapes), progress=not args.no_progress)
+    records = load_records(path)
+    print(f"tuned {len(records.tasks)} kernel(s) of {args.model} in "
+          f"{time.perf_counter() - start:.1f} s -> {path}")
+    for task in records.tasks.values():
+        info = task.summary()
+        if info["kept_ms"] is None:
+            print(f"  {info['name']}: no configuration ran")
+            continue
+        kept = "the heuristic's" if info["kept"] == task.state.heuristic_key else info["kept"]
+        print(f"  {info['name']}: {info['trials']} trial(s); heuristic "
+              f"{info['heuristic_ms']:.3f} ms, best {info['best_ms']:.3f} ms; kept {kept} "
+              f"({info['kept_ms']:.3f} ms in the confirmation run)")
+    print(f"use it: tvm-hybrid compile {args.model} -o model.so --tuning-records {path}")
     return 0
 
 

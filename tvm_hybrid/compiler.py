@@ -43,8 +43,10 @@ def compile(  # noqa: A001 - the public name mirrors tvm.compile
     params
         Values for parameters of a Relax ``main`` to bind as constants (weights), by name.
     tuning_records
-        A MetaSchedule work directory (``database_workload.json`` and
-        ``database_tuning_record.json``) whose best schedules are applied without search.
+        A records file written by :func:`tvm_hybrid.tune` (``tvm-hybrid tune``), or a
+        MetaSchedule work directory (``database_workload.json`` and
+        ``database_tuning_record.json``); the best schedules are applied without search. Records
+        made for another target raise :class:`TuningRecordsError`.
     input_shapes
         Static shapes for ONNX inputs with dynamic dimensions, by input name.
     pipeline
@@ -63,7 +65,7 @@ def compile(  # noqa: A001 - the public name mirrors tvm.compile
         mod = _bind_params(mod, params)
         bound = set(params)
         imported.inputs = [spec for spec in imported.inputs if spec.name not in bound]
-    database = _load_records(tuning_records) if tuning_records is not None else None
+    database = _load_records(tuning_records, tgt) if tuning_records is not None else None
     relax_pipeline = hybrid_pipeline(tgt) if pipeline == "hybrid" else relax.get_pipeline("default")
     try:
         with warnings.catch_warnings(), tgt:
@@ -94,20 +96,38 @@ def _bind_params(mod: tvm.IRModule, params: dict[str, np.ndarray]) -> tvm.IRModu
     return mod
 
 
-def _load_records(path: str | os.PathLike) -> ms.database.Database:
-    work_dir = Path(path)
-    if not work_dir.is_dir():
+def _load_records(path: str | os.PathLike, target: tvm.target.Target) -> ms.database.Database:
+    """A database of the records at ``path``: a ``tvm-hybrid tune`` file or a MetaSchedule
+    work directory. Raises :class:`TuningRecordsError` when they were made for another target.
+    """
+    from .tuning.records import load_records, target_identity
+
+    source = Path(path)
+    if source.is_file():
+        records = load_records(source)
+        records.check_target(target, source)
+        return records.database()
+    if not source.is_dir():
         raise TuningRecordsError(
-            f"tuning records not found: {work_dir} (expected a MetaSchedule work directory)"
+            f"tuning records not found: {source} (expected a file written by tvm-hybrid tune "
+            "or a MetaSchedule work directory)"
         )
-    workloads = work_dir / "database_workload.json"
-    records = work_dir / "database_tuning_record.json"
+    workloads = source / "database_workload.json"
+    records = source / "database_tuning_record.json"
     if not workloads.is_file() or not records.is_file():
         raise TuningRecordsError(
-            f"{work_dir} holds no MetaSchedule database (database_workload.json and "
+            f"{source} holds no MetaSchedule database (database_workload.json and "
             "database_tuning_record.json)"
         )
     try:
-        return ms.database.JSONDatabase(str(workloads), str(records), allow_missing=False)
+        database = ms.database.JSONDatabase(str(workloads), str(records), allow_missing=False)
+        made = {str(r.target) for r in database.get_all_tuning_records() if r.target is not None}
     except Exception as err:
-        raise TuningRecordsError(f"{work_dir}: unreadable tuning records ({err})") from None
+        raise TuningRecordsError(f"{source}: unreadable tuning records ({err})") from None
+    wanted = target_identity(target)
+    for text in made:
+        if target_identity(tvm.target.Target(text)) != {**wanted}:
+            raise TuningRecordsError(
+                f"{source} was tuned for another target ({text}); compiling for {target}"
+            )
+    return database

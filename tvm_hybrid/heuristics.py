@@ -50,16 +50,27 @@ class GemmShape:
 
 @dataclasses.dataclass(frozen=True)
 class GemmKnobs:
-    """The template's knobs: microkernel, block sizes (in tiles), threads."""
+    """The template's knobs: microkernel, block sizes (in tiles), loop order.
+
+    ``order`` is ``"nm"`` (the heuristic's: N tiles outside M tiles, so one ``B`` panel stays
+    in L1 while the ``A`` block streams from L2) or ``"mn"`` (M tiles outside). The number of
+    parallel blocks, hence the thread split, follows from the block sizes.
+    """
 
     kernel: Microkernel
     m_block: int
     n_block: int
+    order: str = "nm"
 
     def describe(self) -> str:
         k = self.kernel
         return (f"{k.isa} {k.mr}x{k.nr} microkernel, blocks of {self.m_block * k.mr}x"
-                f"{self.n_block * k.nr}")
+                f"{self.n_block * k.nr}, order {self.order}")
+
+    def as_dict(self) -> dict:
+        """A JSON-able form (kernel by name); :func:`knobs_from_dict` reverses it."""
+        return {"kernel": self.kernel.name, "m_block": self.m_block, "n_block": self.n_block,
+                "order": self.order}
 
 
 def choose_kernel(shape: GemmShape, kernels: list[Microkernel]) -> Microkernel | None:
@@ -103,6 +114,25 @@ def choose_knobs(shape: GemmShape, kernels: list[Microkernel], caches: CacheSize
         return None
     m_block, n_block = choose_blocks(shape, kernel, caches, threads)
     return GemmKnobs(kernel, m_block, n_block)
+
+
+def knobs_from_dict(data: dict) -> GemmKnobs:
+    """The :class:`GemmKnobs` that :meth:`GemmKnobs.as_dict` wrote.
+
+    Raises
+    ------
+    KeyError
+        When the microkernel named there is unknown.
+    """
+    from .microkernels import microkernel_by_name
+
+    return GemmKnobs(microkernel_by_name(data["kernel"]), int(data["m_block"]),
+                     int(data["n_block"]), str(data.get("order", "nm")))
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n``, ascending: the block sizes a dimension of ``n`` tiles allows."""
+    return _divisors(n)
 
 
 def _divisors(n: int) -> list[int]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 
 from tvm import DataType, s_tir
 from tvm.script import tirx as T
@@ -92,6 +93,43 @@ FP32_MICROKERNELS: dict[str, list[Microkernel]] = {
     "avx512": _family("avx512", ("avx512f",), 512, 32),
     "avx2": _family("avx2", ("avx2", "fma"), 256, 16),
 }
+
+
+def microkernel_by_name(name: str) -> Microkernel:
+    """The microkernel called ``name`` (:attr:`Microkernel.name`).
+
+    Raises
+    ------
+    KeyError
+        When no microkernel has that name.
+    """
+    for family in FP32_MICROKERNELS.values():
+        for kernel in family:
+            if kernel.name == name:
+                return kernel
+    raise KeyError(f"unknown microkernel {name!r}")
+
+
+def ensure_tensor_intrin(intrin_name: str) -> bool:
+    """Register the tensor intrinsic called ``intrin_name`` if it is one of ours.
+
+    A schedule trace names its tensor intrinsics; replaying a trace (tuning records) in a fresh
+    process needs them registered first.
+
+    Returns
+    -------
+    bool
+        True when ``intrin_name`` is a tvm_hybrid microkernel intrinsic (now registered).
+    """
+    found = re.fullmatch(r"(hybrid_gemm_\w+)_k(\d+)", intrin_name)
+    if not found:
+        return False
+    try:
+        kernel = microkernel_by_name(found.group(1))
+    except KeyError:
+        return False
+    tensor_intrin(kernel, int(found.group(2)))
+    return True
 
 
 def fp32_microkernels(target: Target) -> list[Microkernel]:

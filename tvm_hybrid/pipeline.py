@@ -38,19 +38,7 @@ def hybrid_pipeline(target: Target | None = None) -> tvm.transform.Pass:
         tgt = target or Target.current(allow_none=True) or host_target()
         with tgt:
             phases = [
-                # Phase 1: normalise the imported graph (inference-only forms, folded constants).
-                relax.transform.DecomposeOpsForInference(),
-                relax.transform.CanonicalizeBindings(),
-                relax.transform.FoldConstant(),
-                # Phase 2: graph passes (fusion patterns, weight prepacking, quantization).
-                *graph_passes(tgt),
-                # Phase 3: legalize to TIR and fuse producer/consumer chains into one kernel each.
-                *cpu_generic.library_dispatch_passes(tgt),
-                relax.transform.LegalizeOps(),
-                relax.transform.AnnotateTIROpPattern(),
-                relax.transform.FoldConstant(),
-                relax.transform.FuseOps(),
-                relax.transform.FuseTIR(),
+                *prepare_passes(tgt),
                 # Phase 4: schedule TIR: tuning records first, then expert templates, then the
                 # parallel+vectorize fallback; anything left keeps stock lowering.
                 *_apply_records(),
@@ -62,6 +50,29 @@ def hybrid_pipeline(target: Target | None = None) -> tvm.transform.Pass:
             return tvm.transform.Sequential(phases)(mod)
 
     return _pipeline
+
+
+def prepare_passes(target: Target) -> list[tvm.transform.Pass]:
+    """Phases 1-3: the passes before TIR scheduling.
+
+    Their output's PrimFuncs are what the schedule rules see, hence the tuning tasks
+    (``tvm_hybrid.tune`` extracts tasks after exactly these passes).
+    """
+    return [
+        # Phase 1: normalise the imported graph (inference-only forms, folded constants).
+        relax.transform.DecomposeOpsForInference(),
+        relax.transform.CanonicalizeBindings(),
+        relax.transform.FoldConstant(),
+        # Phase 2: graph passes (fusion patterns, weight prepacking, quantization).
+        *graph_passes(target),
+        # Phase 3: legalize to TIR and fuse producer/consumer chains into one kernel each.
+        *cpu_generic.library_dispatch_passes(target),
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+    ]
 
 
 def graph_passes(target: Target) -> list[tvm.transform.Pass]:

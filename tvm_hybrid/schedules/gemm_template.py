@@ -20,6 +20,7 @@ group's epilogue) are inlined into the tile's write-back, or computed at the til
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import get_sblock_info
@@ -28,7 +29,7 @@ from tvm.target import Target
 
 from ..heuristics import GemmKnobs, choose_knobs
 from ..host import cache_sizes
-from ..microkernels import fp32_microkernels, tensor_intrin
+from ..microkernels import Microkernel, fp32_microkernels, tensor_intrin
 from ..thread_pool import num_threads
 from .gemm_analysis import GemmBlock, match_gemm
 from .parallel_vectorize import inline_free_producers, schedule_blocks
@@ -43,40 +44,95 @@ class GemmTemplate(ScheduleRule):
     """Schedule functions holding a GEMM with the expert template (heuristic knobs)."""
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+        applied = apply_template(func, target)
+        return applied[0] if applied is not None else None
+
+
+def apply_template(
+    func: tirx.PrimFunc,
+    target: Target,
+    knobs: Sequence[GemmKnobs] | None = None,
+    *,
+    sch: s_tir.Schedule | None = None,
+) -> tuple[s_tir.Schedule, list[GemmKnobs]] | None:
+    """Schedule ``func`` with the template, or return None when the template does not apply.
+
+    Parameters
+    ----------
+    func
+        A fused PrimFunc (one GEMM plus its producers and epilogue, typically).
+    target
+        The CPU target; its ISA picks the microkernel family.
+    knobs
+        One :class:`GemmKnobs` per GEMM block, in block order (what a tuner searches). None
+        uses the heuristic's knobs (:func:`knobs_for`).
+    sch
+        A schedule of ``func`` to apply the template to (MetaSchedule passes its own, so that
+        the trace is recorded there). A new one by default.
+
+    Returns
+    -------
+    (s_tir.Schedule, list[GemmKnobs]) or None
+        The scheduled function and the knobs used for each GEMM.
+    """
+    if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+        return None
+    if not fp32_microkernels(target):
+        return None
+    sch = sch if sch is not None else s_tir.Schedule(func)
+    used: list[GemmKnobs] = []
+    try:
+        gemms = _prepare(sch)
+        if gemms is None:
             return None
-        kernels = fp32_microkernels(target)
-        if not kernels:
+        done: set[str] = set()
+        for index, gemm in enumerate(gemms):
+            chosen = knobs_for(gemm, target) if knobs is None else knobs[index]
+            if chosen is None:
+                continue
+            done.add(sch.get(gemm.block).name_hint)
+            tile_loop = schedule_gemm(sch, gemm, chosen)
+            done.update(sch.get(b).name_hint for b in sch.get_child_blocks(tile_loop))
+            used.append(chosen)
+        if not used:
             return None
-        sch = s_tir.Schedule(func)
-        try:
-            # Not dlight's normalize_prim_func: it drops unit loops (M = 1) and fuses batch
-            # loops, which would hide the GEMM structure the template relies on.
-            root = sch.get_sblock("root")
-            infos = [get_sblock_info(sch, b) for b in sch.get_child_blocks(root)]
-            if any("O" in info.dom_kind() for info in infos):
-                return None
-            inline_free_producers(sch, infos)
-            done: set[str] = set()
-            scheduled = False
-            for block in _reduction_blocks(sch):
-                gemm = match_gemm(sch, block)
-                if gemm is None:
-                    continue
-                knobs = knobs_for(gemm, target)
-                if knobs is None:
-                    continue
-                done.add(sch.get(gemm.block).name_hint)
-                tile_loop = schedule_gemm(sch, gemm, knobs)
-                done.update(sch.get(b).name_hint for b in sch.get_child_blocks(tile_loop))
-                scheduled = True
-            if not scheduled:
-                return None
-            schedule_blocks(sch, target, done)
-        except Exception as err:  # noqa: BLE001 - any failure: let the next rule try
-            logger.debug("GemmTemplate declined %s: %s", func.attrs, err)
-            return None
-        return sch
+        schedule_blocks(sch, target, done)
+    except Exception as err:  # noqa: BLE001 - any failure: let the next rule try
+        logger.debug("GemmTemplate declined %s: %s", func.attrs, err)
+        return None
+    return sch, used
+
+
+def template_gemms(func: tirx.PrimFunc, target: Target) -> list[GemmBlock]:
+    """The GEMMs of ``func`` the template schedules (each with its shape), in block order.
+
+    Empty when the template does not apply to ``func``.
+    """
+    if apply_template(func, target) is None:
+        return []
+    gemms = _prepare(s_tir.Schedule(func)) or []
+    return [g for g in gemms if knobs_for(g, target) is not None]
+
+
+def candidate_kernels(gemm: GemmBlock, target: Target) -> list[Microkernel]:
+    """Microkernels that tile ``gemm`` with no tail (what a tuner may choose from)."""
+    kernels = fp32_microkernels(target)
+    if gemm.packed_nr is not None:
+        kernels = [k for k in kernels if k.nr == gemm.packed_nr]
+    return [k for k in kernels if gemm.shape.m % k.mr == 0 and gemm.shape.n % k.nr == 0]
+
+
+def _prepare(sch: s_tir.Schedule) -> list[GemmBlock] | None:
+    """Inline free producers and find the GEMM blocks; None when ``sch`` has opaque blocks."""
+    # Not dlight's normalize_prim_func: it drops unit loops (M = 1) and fuses batch loops,
+    # which would hide the GEMM structure the template relies on.
+    root = sch.get_sblock("root")
+    infos = [get_sblock_info(sch, b) for b in sch.get_child_blocks(root)]
+    if any("O" in info.dom_kind() for info in infos):
+        return None
+    inline_free_producers(sch, infos)
+    gemms = [match_gemm(sch, block) for block in _reduction_blocks(sch)]
+    return [g for g in gemms if g is not None]
 
 
 def knobs_for(gemm: GemmBlock, target: Target) -> GemmKnobs | None:
@@ -86,9 +142,7 @@ def knobs_for(gemm: GemmBlock, target: Target) -> GemmKnobs | None:
     """
     if gemm.shape.k < 2:
         return None
-    kernels = fp32_microkernels(target)
-    if gemm.packed_nr is not None:
-        kernels = [k for k in kernels if k.nr == gemm.packed_nr]
+    kernels = candidate_kernels(gemm, target)
     cores = int(target.attrs.get("num-cores", 0)) or num_threads()
     return choose_knobs(gemm.shape, kernels, cache_sizes(), cores)
 
@@ -109,23 +163,30 @@ def schedule_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
     )
     m_outer, m_inner = sch.split(io, m_split)
     n_outer, n_inner = sch.split(jo, n_split)
-    sch.reorder(*batch, m_outer, n_outer, n_inner, m_inner, ii, ji, k)
+    tiles = (n_inner, m_inner) if knobs.order == "nm" else (m_inner, n_inner)
+    sch.reorder(*batch, m_outer, n_outer, *tiles, ii, ji, k)
     blocks = sch.fuse(*batch, m_outer, n_outer, preserve_unit_iters=True)
-    if gemm.shape.batch * (m_tiles // knobs.m_block) * (n_tiles // knobs.n_block) > 1:
-        sch.parallel(blocks)
+    # Unconditionally: the trace's instructions must not depend on its decisions (a tuner
+    # replays it with other block sizes); a parallel loop of extent 1 costs nothing.
+    sch.parallel(blocks)
 
+    tile = tiles[1]
     acc = sch.cache_write(block, 0, "local")
-    sch.reverse_compute_at(acc, m_inner, preserve_unit_loops=True)
-    _attach_epilogue(sch, acc, m_inner)
+    sch.reverse_compute_at(acc, tile, preserve_unit_loops=True)
+    _attach_epilogue(sch, acc, tile)
     sch.decompose_reduction(block, ii)
     update = sch.get(block).name_hint
-    for child in sch.get_child_blocks(m_inner):
+    for child in sch.get_child_blocks(tile):
         if sch.get(child).name_hint != update:  # init, write-back and epilogue blocks
             _vectorize_innermost(sch, child)
     sch.tensorize(ii, tensor_intrin(kernel, gemm.shape.k))
-    # Visible in the scheduled TIR (CompiledModel.lowered), for users and tests.
-    sch.annotate(m_inner, TEMPLATE_ANNOTATION, f"{knobs.describe()}, K={gemm.shape.k}")
-    return m_inner
+    # Visible in the scheduled TIR (CompiledModel.lowered), for users and tests. The block
+    # sizes are left out: they are decisions a tuner may change after this string is written
+    # (they show as the loop extents).
+    sch.annotate(tile, TEMPLATE_ANNOTATION,
+                 f"{kernel.isa} {kernel.mr}x{kernel.nr} microkernel, order {knobs.order}, "
+                 f"K={gemm.shape.k}")
+    return tile
 
 
 def _attach_epilogue(sch: s_tir.Schedule, producer, tile_loop) -> None:

@@ -1,0 +1,169 @@
+"""Measuring candidate schedules, here or on remote machines through TVM's RPC.
+
+Remote measurement (tuning for another machine, or a fleet) uses MetaSchedule's ``RPCRunner``
+with TVM's own RPC tracker and servers (``python -m tvm.exec.rpc_tracker`` and
+``python -m tvm.exec.rpc_server --tracker HOST:PORT --key KEY`` on each device).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import tempfile
+
+import numpy as np
+import tvm
+from tvm.s_tir import meta_schedule as ms
+from tvm.target import Target
+
+from ..errors import TVMHybridError
+
+logger = logging.getLogger(__name__)
+
+
+class RPCError(TVMHybridError):
+    """The RPC tracker cannot be reached, or it has no server under the requested key."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RPCSettings:
+    """Where to measure remotely: an RPC tracker and the key its servers registered with.
+
+    Parameters
+    ----------
+    tracker
+        ``"host:port"`` of a running ``tvm.exec.rpc_tracker``.
+    key
+        The device key the servers registered (``rpc_server --key``).
+    session_timeout_s
+        How long one measurement session may take.
+    """
+
+    tracker: str
+    key: str
+    session_timeout_s: int = 60
+
+    @property
+    def host(self) -> str:
+        return self.tracker.rsplit(":", 1)[0]
+
+    @property
+    def port(self) -> int:
+        try:
+            return int(self.tracker.rsplit(":", 1)[1])
+        except (IndexError, ValueError):
+            raise RPCError(f"RPC tracker must be HOST:PORT, got {self.tracker!r}") from None
+
+    def config(self) -> ms.runner.RPCConfig:
+        return ms.runner.RPCConfig(tracker_host=self.host, tracker_port=self.port,
+                                   tracker_key=self.key,
+                                   session_timeout_sec=self.session_timeout_s)
+
+    def check(self) -> None:
+        """Raise :class:`RPCError` unless the tracker answers and lists a server under key."""
+        try:
+            summary = self.config().connect_tracker().summary()
+        except Exception as err:  # noqa: BLE001 - TVM raises several kinds here
+            raise RPCError(f"cannot reach the RPC tracker at {self.tracker}: "
+                           f"{str(err).strip().splitlines()[0] if str(err).strip() else err}"
+                           ) from None
+        keys = [str(k) for k in summary.get("queue_info", {})]
+        if self.key not in keys:
+            raise RPCError(f"the RPC tracker at {self.tracker} has no server with key "
+                           f"{self.key!r} (registered keys: {keys or 'none'})")
+
+
+class Measurer:
+    """Compile and time schedules of one task; failures time as infinity.
+
+    Candidates are compiled in this process (each one is the template with other knobs, so
+    there is nothing to isolate, and this avoids starting worker processes per round). They run
+    here through the runtime's time evaluator, or, with ``rpc``, on a remote server through
+    MetaSchedule's ``RPCRunner``.
+
+    Parameters
+    ----------
+    target
+        The target to compile for.
+    rpc
+        Measure through this RPC tracker instead of on this machine.
+    repeat
+        Timed repeats per candidate (each at least ``min_repeat_ms`` long).
+    min_repeat_ms
+        Minimum duration of one repeat.
+    """
+
+    def __init__(self, target: Target, *, rpc: RPCSettings | None = None, repeat: int = 3,
+                 min_repeat_ms: int = 40):
+        self.target = target
+        self.rpc = rpc
+        self.repeat = repeat
+        self.min_repeat_ms = min_repeat_ms
+        self.runner = None
+        if rpc is not None:
+            rpc.check()
+            evaluator = ms.runner.EvaluatorConfig(number=1, repeat=repeat,
+                                                  min_repeat_ms=min_repeat_ms,
+                                                  enable_cpu_cache_flush=False)
+            self.runner = ms.runner.RPCRunner(rpc_config=rpc.config(),
+                                              evaluator_config=evaluator, max_workers=1)
+
+    def measure(self, mods: list[tvm.IRModule], args_info) -> list[list[float]]:
+        """Seconds of each repeat for each scheduled module (``[inf]`` when it failed)."""
+        built = [self._build(m) for m in mods]
+        if self.runner is not None:
+            return self._measure_remote(built, args_info)
+        args = [_random_tensor(info) for info in args_info]
+        times = []
+        for lib in built:
+            if lib is None:
+                times.append([math.inf])
+                continue
+            try:
+                timer = lib.time_evaluator("main", tvm.cpu(), number=1, repeat=self.repeat,
+                                           min_repeat_ms=self.min_repeat_ms)
+                times.append(list(timer(*args).results))
+            except Exception as err:  # noqa: BLE001 - a failed candidate is just slow
+                logger.debug("candidate failed to run: %s", err)
+                times.append([math.inf])
+        return times
+
+    def _build(self, mod: tvm.IRModule):
+        try:
+            return tvm.compile(mod, target=self.target).mod
+        except Exception as err:  # noqa: BLE001 - a candidate that does not build is skipped
+            logger.debug("candidate failed to build: %s", err)
+            return None
+
+    def _measure_remote(self, built, args_info) -> list[list[float]]:
+        times: list[list[float]] = [[math.inf] for _ in built]
+        with tempfile.TemporaryDirectory(prefix="tvm_hybrid_rpc_") as tmp:
+            inputs, slots = [], []
+            for index, lib in enumerate(built):
+                if lib is None:
+                    continue
+                path = os.path.join(tmp, f"candidate{index}.tar")
+                lib.export_library(path)
+                inputs.append(ms.runner.RunnerInput(path, device_type="cpu",
+                                                    args_info=args_info))
+                slots.append(index)
+            for index, future in zip(slots, self.runner.run(inputs) if inputs else []):
+                result = future.result()
+                if result.error_msg is None and result.run_secs:
+                    times[index] = [float(t) for t in result.run_secs]
+                else:
+                    logger.debug("remote candidate failed: %s", result.error_msg)
+        return times
+
+
+def _random_tensor(info) -> tvm.runtime.Tensor:
+    shape = [int(d) for d in info.shape]
+    dtype = str(info.dtype)
+    rng = np.random.default_rng(0)
+    if dtype.startswith("float"):
+        data = rng.uniform(-1, 1, shape).astype(dtype)
+    else:
+        data = rng.integers(0, 8, shape).astype(dtype)
+    return tvm.runtime.tensor(data)

@@ -1,0 +1,344 @@
+"""``tvm_hybrid.tune``: search the expert templates' knobs of a model's kernels.
+
+The model goes through the hybrid pipeline up to TIR scheduling; every fused kernel the GEMM
+template covers becomes a task whose space is the template's knobs (``space.py``). Each task
+measures the heuristic's configuration first, then searches (``search.py``) with its share of
+the trials; the best schedule of every task goes to one records file, written after every round
+so that an interrupted run resumes. ``tvm_hybrid.compile(..., tuning_records=FILE)`` applies it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import tvm
+from tvm.s_tir import meta_schedule as ms
+from tvm.target import Target
+
+from ..errors import CompileError, TuningRecordsError, TVMHybridError
+from ..frontend import import_model
+from ..host import make_target
+from ..pipeline import prepare_passes
+from .measure import Measurer, RPCSettings
+from .records import RecordsFile, TaskRecords, load_records, new_records, workload_key
+from .search import SearchState, Trial, median, neighbourhood_search
+from .space import TemplateSpace, config_key, template_space
+
+logger = logging.getLogger(__name__)
+
+SEARCHES = ("neighbourhood", "evolutionary")
+RECORDS_NAME = "records.json"
+
+#: The search's winner must beat the heuristic by this fraction in the confirmation runs.
+CONFIRM_MARGIN = 0.01
+#: Interleaved re-measurements of (heuristic, winner) in the confirmation.
+CONFIRM_ROUNDS = 3
+
+
+OTHERS = ("skip", "metaschedule")
+
+
+class Task:
+    """One kernel to tune: its workload module, the template's space (None for a kernel no
+    template covers), its trial budget."""
+
+    def __init__(self, extracted: ms.ExtractedTask, space: TemplateSpace | None):
+        self.name = extracted.task_name
+        self.weight = int(extracted.weight)
+        self.mod = extracted.dispatched[0]
+        self.space = space
+        self.budget = 1
+
+    @property
+    def templated(self) -> bool:
+        return self.space is not None
+
+    @property
+    def cost(self) -> float:
+        return self.space.flops * self.weight if self.space is not None else 0.0
+
+
+def extract_tasks(model, target: Target, *, input_shapes=None, params=None,
+                  others: bool = False) -> list[Task]:
+    """The kernels of ``model`` to tune, after the hybrid pipeline's fusion phases.
+
+    Those the GEMM template covers come first; with ``others``, the remaining kernels follow
+    (without a template space).
+    """
+    from ..compiler import _bind_params
+
+    imported = import_model(model, input_shapes=input_shapes)
+    mod = _bind_params(imported.mod, params) if params else imported.mod
+    try:
+        with warnings.catch_warnings(), target:
+            warnings.simplefilter("ignore")
+            prepared = tvm.transform.Sequential(prepare_passes(target))(mod)
+            extracted = ms.relax_integration.extract_tasks(prepared, target)
+    except TVMHybridError:
+        raise
+    except Exception as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CompileError(f"TVM failed to prepare {imported.source} for tuning: {first}") \
+            from None
+    tasks, rest = [], []
+    for item in extracted:
+        space = TemplateSpace(item.dispatched[0]["main"], target)
+        if space:
+            tasks.append(Task(item, space))
+        else:
+            rest.append(Task(item, None))
+    return tasks + (rest if others else [])
+
+
+def split_budget(tasks: list[Task], trials: int) -> None:
+    """Give every task its heuristic trial, and the rest in proportion to its FLOPs.
+
+    Kernels without a template (no FLOP estimate) count as the average templated kernel.
+    """
+    for task in tasks:
+        task.budget = 1
+    spare = max(0, trials - len(tasks))
+    templated = [t.cost for t in tasks if t.templated]
+    average = sum(templated) / len(templated) if templated else 1.0
+    costs = [t.cost if t.templated else average for t in tasks]
+    total = sum(costs) or 1.0
+    shares = [spare * c / total for c in costs]
+    for task, share in zip(tasks, shares):
+        task.budget += int(share)
+    leftover = spare - sum(int(s) for s in shares)
+    by_fraction = sorted(range(len(tasks)), key=lambda i: shares[i] - int(shares[i]),
+                         reverse=True)
+    for index in by_fraction[:leftover]:
+        tasks[index].budget += 1
+    for task in tasks:
+        if task.templated:
+            task.budget = min(task.budget, task.space.size())
+
+
+def tune(
+    model: str | os.PathLike | bytes | onnx.ModelProto | tvm.IRModule,
+    target="host",
+    *,
+    trials: int = 64,
+    work_dir: str | os.PathLike = "tvm_hybrid_tuning",
+    output: str | os.PathLike | None = None,
+    input_shapes: dict[str, tuple] | None = None,
+    params: dict[str, np.ndarray] | None = None,
+    search: str = "neighbourhood",
+    cost_model: str = "random",
+    others: str = "skip",
+    rpc: RPCSettings | None = None,
+    batch: int = 4,
+    seed: int = 0,
+    resume: bool = True,
+    progress: bool = True,
+) -> Path:
+    """Tune the template knobs of ``model``'s kernels; return the path of the records file.
+
+    Parameters
+    ----------
+    model
+        What :func:`tvm_hybrid.compile` accepts: an ONNX path, bytes, ``onnx.ModelProto`` or
+        Relax ``IRModule``.
+    target
+        The target to tune for (``"host"`` by default); records only apply to that target.
+    trials
+        Configurations to measure in total, over all tasks. Every task measures the
+        heuristic's configuration first; the rest are shared in proportion to FLOPs.
+    work_dir
+        Directory for the records file (and MetaSchedule's logs with ``search="evolutionary"``).
+    output
+        Path of the records file; ``WORK_DIR/records.json`` by default.
+    input_shapes, params
+        As for :func:`tvm_hybrid.compile`.
+    search
+        ``"neighbourhood"`` (default): guided moves from the heuristic over the knobs.
+        ``"evolutionary"``: MetaSchedule's evolutionary search with a cost model, over the same
+        space (the template as a space generator, only tile sizes mutated).
+    cost_model
+        MetaSchedule cost model for ``search="evolutionary"``: ``"random"`` or ``"xgb"`` (needs
+        the ``xgboost`` package).
+    others
+        Kernels no template covers: ``"skip"`` (default; they keep the fallback rule's
+        schedule) or ``"metaschedule"`` (searched with MetaSchedule's stock rules, seeded with
+        the fallback schedule, which is kept unless beaten).
+    rpc
+        Measure on the machines behind this RPC tracker instead of locally (neighbourhood
+        search).
+    batch
+        Configurations built and measured per round.
+    seed
+        Seed of the random choices.
+    resume
+        Continue from the records already in ``output`` (same target) instead of starting over.
+    progress
+        Show a progress bar (tasks, trials, best so far) on stderr.
+
+    Returns
+    -------
+    pathlib.Path
+        The records file, for ``tvm_hybrid.compile(..., tuning_records=path)``.
+    """
+    if search not in SEARCHES:
+        raise ValueError(f"search must be one of {SEARCHES}, got {search!r}")
+    if trials < 1:
+        raise ValueError(f"trials must be at least 1, got {trials}")
+    if others not in OTHERS:
+        raise ValueError(f"others must be one of {OTHERS}, got {others!r}")
+    if rpc is not None and (search != "neighbourhood" or others != "skip"):
+        raise ValueError("rpc measurement is supported with search='neighbourhood' and "
+                         "others='skip'")
+    tgt = make_target(target)
+    work_dir = Path(work_dir)
+    path = Path(output) if output is not None else work_dir / RECORDS_NAME
+    source = str(model) if isinstance(model, (str, os.PathLike)) else "<model>"
+    tasks = extract_tasks(model, tgt, input_shapes=input_shapes, params=params,
+                          others=others == "metaschedule")
+    records = _start_records(path, tgt, source, resume)
+    if not tasks:
+        logger.warning("%s: no kernel is covered by a template; nothing to tune", source)
+        return records.save(path)
+    split_budget(tasks, trials)
+    measurer = Measurer(tgt, rpc=rpc)
+    total = sum(t.budget for t in tasks)
+    done = sum(min(len(records.tasks[workload_key(t.mod)].state.trials), t.budget)
+               for t in tasks if workload_key(t.mod) in records.tasks)
+    bar = _progress(total, done, progress)
+    try:
+        for index, task in enumerate(tasks, 1):
+            key = workload_key(task.mod)
+            entry = records.tasks.get(key) or TaskRecords(
+                task.name, task.weight, ms.database.Workload(task.mod), search=search)
+            records.tasks[key] = entry
+            bar.set_description(f"task {index}/{len(tasks)} {task.name[:40]}")
+            started = time.perf_counter()
+            if task.templated and search == "neighbourhood":
+                _neighbourhood(task, entry, measurer, tgt, records, path, bar, batch, seed)
+            else:
+                _metaschedule(task, entry, measurer, tgt, work_dir / "metaschedule",
+                              cost_model, seed, lambda n, e=entry: _advance(bar, e, n))
+            entry.wall_s += time.perf_counter() - started
+            records.save(path)
+    finally:
+        bar.close()
+    return path
+
+
+def _metaschedule(task: Task, entry: TaskRecords, measurer: Measurer, target: Target,
+                  work_dir: Path, cost_model: str, seed: int, advance) -> None:
+    from ..schedules import ParallelVectorize
+    from .evolutionary import BASELINE, metaschedule_search
+
+    func = task.mod["main"]
+    if task.templated:
+        heuristic = task.space.heuristic()
+        baseline, key = task.space.schedule(heuristic), config_key(heuristic)
+        space = template_space(target)
+    else:
+        baseline, key = ParallelVectorize().apply(func, target, False), BASELINE
+        space = "post-order-apply"
+    metaschedule_search(task, entry, measurer, target, baseline, key, space, work_dir,
+                        cost_model, seed, advance)
+
+
+def _start_records(path: Path, target: Target, source: str, resume: bool) -> RecordsFile:
+    if resume and path.is_file():
+        records = load_records(path)
+        records.check_target(target, path)
+        return records
+    if path.exists() and not path.is_file():
+        raise TuningRecordsError(f"{path} exists and is not a file")
+    return new_records(target, source)
+
+
+def _neighbourhood(task: Task, entry: TaskRecords, measurer: Measurer, target: Target,
+                   records: RecordsFile, path: Path, bar, batch: int, seed: int) -> None:
+    args_info = ms.arg_info.ArgInfo.from_prim_func(task.mod["main"])
+    schedules: dict[str, object] = {}
+
+    def measure(configs):
+        mods, slots, seconds = [], [], [math.inf] * len(configs)
+        for i, config in enumerate(configs):
+            try:
+                sch = task.space.schedule(config)
+            except ValueError:
+                continue
+            schedules[i] = sch
+            mods.append(sch.mod)
+            slots.append(i)
+        for i, runs in zip(slots, measurer.measure(mods, args_info) if mods else []):
+            seconds[i] = median(runs)
+        measure.last = {i: schedules.pop(i) for i in slots}
+        return seconds
+
+    def on_batch(state: SearchState, trials: list[Trial]) -> None:
+        best = state.best()
+        for i, trial in enumerate(trials):
+            if best is not None and trial is best and i in measure.last:
+                sch = measure.last[i]
+                entry.best = ms.database.TuningRecord(
+                    sch.trace, entry.workload, [best.seconds], target, args_info)
+        _advance(bar, entry, len(trials))
+        records.save(path)
+
+    neighbourhood_search(task.space, measure, task.budget, state=entry.state, batch=batch,
+                         seed=seed, on_batch=on_batch)
+    _confirm(task, entry, measurer, target, args_info)
+    if entry.best is None and entry.state.best() is not None:
+        # Resumed with the search already complete but no trace kept: rebuild the best one.
+        best = entry.state.best()
+        sch = task.space.schedule(best.config)
+        entry.best = ms.database.TuningRecord(sch.trace, entry.workload, [best.seconds], target,
+                                              args_info)
+
+
+def _confirm(task: Task, entry: TaskRecords, measurer: Measurer, target: Target,
+             args_info) -> None:
+    """Keep the heuristic unless the best beats it again in a fresh, interleaved measurement.
+
+    Single measurements on a busy machine are noisy; a winner by noise would make the tuned
+    model slower than the untuned one. Both are timed alternately, several times, and the
+    search's winner stays only if its median is at least ``CONFIRM_MARGIN`` faster.
+    """
+    best, heuristic = entry.state.best(), entry.state.heuristic
+    if best is None or heuristic is None or best.key == heuristic.key or best.config is None:
+        return
+    pair = [task.space.schedule(heuristic.config), task.space.schedule(best.config)]
+    runs: list[list[float]] = [[], []]
+    for _ in range(CONFIRM_ROUNDS):
+        for index, seconds in enumerate(measurer.measure([s.mod for s in pair], args_info)):
+            runs[index] += seconds
+    again = [median(r) for r in runs]
+    if not again[1] < again[0] * (1 - CONFIRM_MARGIN):
+        logger.info("%s: %s did not beat the heuristic again (%.4f vs %.4f ms); keeping it",
+                    task.name, best.key, again[1] * 1e3, again[0] * 1e3)
+        entry.best = ms.database.TuningRecord(pair[0].trace, entry.workload, [again[0]], target,
+                                              args_info)
+        entry.confirmed = heuristic.key
+    else:
+        entry.best = ms.database.TuningRecord(pair[1].trace, entry.workload, [again[1]], target,
+                                              args_info)
+        entry.confirmed = best.key
+
+
+def _advance(bar, entry: TaskRecords, count: int) -> None:
+    bar.update(count)
+    best, heuristic = entry.state.best(), entry.state.heuristic
+    if best is not None:
+        postfix = {"best": f"{best.seconds * 1e3:.3f} ms"}
+        if heuristic is not None and heuristic.ok:
+            postfix["vs heuristic"] = f"{heuristic.seconds / best.seconds:.2f}x"
+        bar.set_postfix(postfix, refresh=False)
+
+
+def _progress(total: int, done: int, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=done, unit="trial", disable=not enabled, dynamic_ncols=True)
