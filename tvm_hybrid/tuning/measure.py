@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import math
 import os
+import socket
 import tempfile
 
 import numpy as np
@@ -63,6 +64,11 @@ class RPCSettings:
 
     def check(self) -> None:
         """Raise :class:`RPCError` unless the tracker answers and lists a server under key."""
+        try:  # fail fast: TVM's own client retries for a minute before giving up
+            socket.create_connection((self.host, self.port), timeout=5).close()
+        except OSError as err:
+            raise RPCError(f"cannot reach the RPC tracker at {self.tracker}: "
+                           f"{err.strerror or err}") from None
         try:
             summary = self.config().connect_tracker().summary()
         except Exception as err:  # noqa: BLE001 - TVM raises several kinds here

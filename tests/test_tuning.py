@@ -1,0 +1,292 @@
+"""Template-restricted tuning: the knob space, the search, records, reuse, CLI and RPC."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import socket
+import time
+
+import numpy as np
+import onnx
+import pytest
+import tvm
+
+import tvm_hybrid
+from tvm_hybrid import workloads
+from tvm_hybrid.cli import main as cli
+from tvm_hybrid.heuristics import knobs_from_dict
+from tvm_hybrid.host import make_target
+from tvm_hybrid.tuning import RPCError, RPCSettings, extract_tasks, load_records, tune
+from tvm_hybrid.tuning.measure import Measurer
+from tvm_hybrid.tuning.search import neighbourhood_search
+from tvm_hybrid.tuning.space import config_key
+from tvm_hybrid.tuning.tune import split_budget
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+@pytest.fixture(scope="module")
+def target():
+    tgt = make_target("host")
+    if not tvm_hybrid.microkernels.fp32_microkernels(tgt):
+        pytest.skip("needs an AVX2 or AVX-512 host (the template's microkernels)")
+    return tgt
+
+
+@pytest.fixture(scope="module")
+def gemm_task(target):
+    (task,) = extract_tasks(workloads.gemm(128, 256, 96).model, target)
+    return task
+
+
+def _loop_extents(func) -> list[int]:
+    return [int(m) for m in re.findall(r"for \w+ in (?:T\.parallel\(|range\(|T\.serial\()"
+                                       r"T\.int64\((\d+)\)", func.script())]
+
+
+# --- the knob space ---------------------------------------------------------------------------
+
+
+def test_space_holds_the_heuristic_and_its_neighbours(gemm_task, target):
+    space = gemm_task.space
+    heuristic = space.heuristic()
+    (gemm,) = space.gemms
+    assert (gemm.shape.m, gemm.shape.n, gemm.shape.k) == (128, 256, 96)
+    # The heuristic's knobs are those an untuned compile uses.
+    from tvm_hybrid.schedules.gemm_template import knobs_for
+
+    assert heuristic == (knobs_for(gemm, target),)
+    moves = space.neighbours(heuristic)
+    keys = [config_key(c) for c in moves]
+    assert config_key(heuristic) not in keys
+    assert len(keys) == len(set(keys)) >= 3
+    assert any(c[0].order != heuristic[0].order for c in moves)  # the loop order is a knob
+    for config in moves:
+        knobs = config[0]
+        assert (128 // knobs.kernel.mr) % knobs.m_block == 0
+        assert (256 // knobs.kernel.nr) % knobs.n_block == 0
+    assert space.size() >= len(moves)
+    # Other knobs give another loop nest (block extents) from the same template.
+    other = next(c for c in moves if c[0].m_block != heuristic[0].m_block)
+    assert _loop_extents(space.schedule(other).mod["main"]) != \
+        _loop_extents(space.schedule(heuristic).mod["main"])
+
+
+def test_knobs_round_trip_through_json(gemm_task):
+    for config in [gemm_task.space.heuristic(), *gemm_task.space.neighbours(
+            gemm_task.space.heuristic())]:
+        assert tuple(knobs_from_dict(json.loads(json.dumps(k.as_dict()))) for k in config) \
+            == config
+
+
+def test_search_measures_heuristic_first_and_walks_to_the_optimum(gemm_task):
+    """With a synthetic cost that is lowest two moves away, the search finds that optimum."""
+    space = gemm_task.space
+    heuristic = space.heuristic()
+    target_config = space.neighbours(space.neighbours(heuristic)[0])[1]
+    goal = config_key(target_config)
+    order: list[str] = []
+
+    def cost(config) -> float:
+        knobs = config[0]
+        want = target_config[0]
+        return (1.0 + abs(math.log2(knobs.m_block * knobs.kernel.mr)
+                          - math.log2(want.m_block * want.kernel.mr))
+                + abs(math.log2(knobs.n_block * knobs.kernel.nr)
+                      - math.log2(want.n_block * want.kernel.nr))
+                + (knobs.order != want.order) + (knobs.kernel != want.kernel))
+
+    def measure(configs):
+        order.extend(config_key(c) for c in configs)
+        return [cost(c) for c in configs]
+
+    state = neighbourhood_search(space, measure, budget=24, batch=4)
+    assert order[0] == config_key(heuristic)
+    assert len(order) == len(set(order)) == len(state.trials) == 24  # no repeats, exact budget
+    assert state.best().key == goal
+
+
+def test_budget_split_gives_every_task_the_heuristic(target):
+    tasks = extract_tasks(workloads.mlp(32, (64, 256, 256, 16)).model, target)
+    assert len(tasks) == 3 and all(t.templated for t in tasks)
+    split_budget(tasks, 2)
+    assert [t.budget for t in tasks] == [1, 1, 1]  # fewer trials than tasks: heuristic only
+    split_budget(tasks, 40)
+    assert sum(t.budget for t in tasks) == 40
+    big = max(tasks, key=lambda t: t.cost)
+    assert big.budget == max(t.budget for t in tasks)
+
+
+def test_rpc_settings_errors_are_clear():
+    with pytest.raises(RPCError, match="HOST:PORT"):
+        RPCSettings("localhost", "k").port  # noqa: B018
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    start = time.perf_counter()
+    with pytest.raises(RPCError, match="cannot reach the RPC tracker"):
+        RPCSettings(f"127.0.0.1:{port}", "k").check()
+    assert time.perf_counter() - start < 10  # no minute of retries
+
+
+# --- tuning, records and reuse ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory, target):
+    wl = workloads.gemm(128, 256, 96)
+    work = tmp_path_factory.mktemp("tune")
+    path = tune(wl.model, target, trials=6, work_dir=work, progress=False)
+    return wl, path
+
+
+def test_tune_writes_records_with_the_heuristic_measured(tuned, gemm_task):
+    wl, path = tuned
+    assert path.name == "records.json" and path.is_file()
+    records = load_records(path)
+    (task,) = records.tasks.values()
+    assert len(task.state.trials) == 6
+    assert task.state.heuristic_key == config_key(gemm_task.space.heuristic())
+    assert task.state.heuristic.ok
+    assert task.best is not None
+    assert task.summary()["kept"] in task.state.trials
+    assert records.target["identity"]["mcpu"] == str(make_target("host").attrs["mcpu"])
+
+
+def test_compile_with_records_applies_them_without_measuring(tuned, target, monkeypatch,
+                                                             tmp_path):
+    wl, path = tuned
+    records = load_records(path)
+    (task,) = records.tasks.values()
+    space = tvm_hybrid.tuning.TemplateSpace(task.workload.mod["main"], target)
+    heuristic = space.heuristic()
+    # Store a configuration that is not the heuristic's, so that applying it is visible.
+    other = next(c for c in space.neighbours(heuristic) if c[0].m_block != heuristic[0].m_block)
+    sch = space.schedule(other)
+    task.best = tvm.s_tir.meta_schedule.database.TuningRecord(
+        sch.trace, task.workload, [1e-3], target, task.best.args_info)
+    edited = records.save(tmp_path / "edited.json")
+
+    def no_measuring(*_args, **_kwargs):
+        raise AssertionError("compiling with records must not measure")
+
+    monkeypatch.setattr(Measurer, "measure", no_measuring)
+    model = tvm_hybrid.compile(wl.model, target, tuning_records=edited)
+    (func,) = [f for g, f in model.lowered.functions.items()
+               if isinstance(f, tvm.tirx.PrimFunc) and "packed_matmul" in g.name_hint]
+    assert func.attrs["tirx.is_scheduled"]
+    assert _loop_extents(func) == _loop_extents(sch.mod["main"])
+    assert _loop_extents(func) != _loop_extents(space.schedule(heuristic).mod["main"])
+    reference = tvm_hybrid.compile(wl.model, target, pipeline="stock")
+    np.testing.assert_allclose(model(**wl.inputs), reference(**wl.inputs), rtol=1e-4, atol=1e-4)
+    # The records as tuned compile too, to the same numbers.
+    tuned_model = tvm_hybrid.compile(wl.model, target, tuning_records=path)
+    np.testing.assert_allclose(tuned_model(**wl.inputs), reference(**wl.inputs), rtol=1e-4,
+                               atol=1e-4)
+
+
+def test_tuning_resumes_from_its_records(tuned, target, monkeypatch):
+    wl, path = tuned
+    calls: list[int] = []
+    real = Measurer.measure
+
+    def counting(self, mods, args_info):
+        calls.append(len(mods))
+        return real(self, mods, args_info)
+
+    monkeypatch.setattr(Measurer, "measure", counting)
+    before = load_records(path)
+    tune(wl.model, target, trials=6, output=path, progress=False)
+    records = load_records(path)
+    (task,) = records.tasks.values()
+    assert task.state.trials.keys() == next(iter(before.tasks.values())).state.trials.keys()
+    # Nothing searched again; at most the confirmation re-times (heuristic, winner) 3 times.
+    assert calls in ([], [2, 2, 2])
+    tune(wl.model, target, trials=8, output=path, progress=False, batch=2)
+    (task,) = load_records(path).tasks.values()
+    assert len(task.state.trials) == 8
+
+
+def test_records_for_another_target_are_refused(tuned):
+    wl, path = tuned
+    other = {"kind": "llvm", "mcpu": "haswell", "num-cores": 2}
+    if str(make_target("host").attrs["mcpu"]) == "haswell":
+        other["mcpu"] = "skylake-avx512"
+    with pytest.raises(tvm_hybrid.TuningRecordsError, match="tuned for another target.*mcpu"):
+        tvm_hybrid.compile(wl.model, other, tuning_records=path)
+
+
+@pytest.mark.parametrize("content, match", [
+    ("not json", "not a JSON tuning-records file"),
+    ('{"a": 1}', "not a tvm_hybrid tuning-records file"),
+    ('{"format": "tvm_hybrid.tuning_records", "version": 99}', "version 99"),
+])
+def test_bad_records_files(tmp_path, content, match):
+    bad = tmp_path / "records.json"
+    bad.write_text(content)
+    with pytest.raises(tvm_hybrid.TuningRecordsError, match=match):
+        tvm_hybrid.compile(workloads.gemm(16, 32, 8).model, tuning_records=bad)
+    with pytest.raises(tvm_hybrid.TuningRecordsError, match="not found"):
+        tvm_hybrid.compile(workloads.gemm(16, 32, 8).model,
+                           tuning_records=tmp_path / "missing.json")
+
+
+def test_cli_tune_then_compile(tmp_path, capsys, target):
+    model = tmp_path / "mlp.onnx"
+    onnx.save(workloads.mlp(8, (32, 64, 16)).model, model)
+    records = tmp_path / "records.json"
+    assert cli(["tune", str(model), "--trials", "3", "-o", str(records), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "tuned 2 kernel(s)" in out and "heuristic" in out
+    assert len(load_records(records).tasks) == 2
+    so = tmp_path / "mlp.so"
+    assert cli(["compile", str(model), "-o", str(so), "--tuning-records", str(records)]) == 0
+    assert so.is_file()
+    assert cli(["tune", str(model), "--trials", "3", "-o", str(records), "--rpc-key", "x"]) == 2
+    assert "--rpc-tracker and --rpc-key go together" in capsys.readouterr().err
+
+
+def test_evolutionary_search_stays_in_the_template(tmp_path, target):
+    """MetaSchedule's own search over the template's space; the result is never slower."""
+    wl = workloads.gemm(64, 64, 32)
+    path = tune(wl.model, target, trials=4, work_dir=tmp_path, search="evolutionary",
+                progress=False)
+    (task,) = load_records(path).tasks.values()
+    assert len(task.state.trials) >= 2
+    tensorized = [i for i in task.best.trace.insts if i.kind.name == "Tensorize"]
+    assert tensorized and str(tensorized[0].attrs[0]).startswith("hybrid_gemm_")
+    model = tvm_hybrid.compile(wl.model, target, tuning_records=path)
+    reference = tvm_hybrid.compile(wl.model, target, pipeline="stock")
+    np.testing.assert_allclose(model(**wl.inputs), reference(**wl.inputs), rtol=1e-4, atol=1e-4)
+
+
+def test_rpc_tuning_on_loopback(tmp_path, target):
+    """A TVM RPC tracker and server on 127.0.0.1; candidates are timed on the server."""
+    pytest.importorskip("tornado", reason="TVM's RPC tracker needs tornado")
+    from tvm.rpc.server import Server
+    from tvm.rpc.tracker import Tracker
+
+    tracker = Tracker(host="127.0.0.1", port=9190, port_end=9390, silent=True)
+    server = Server(host="127.0.0.1", port=9400, port_end=9600, key="loopback",
+                    tracker_addr=("127.0.0.1", tracker.port), silent=True)
+    try:
+        settings = RPCSettings(f"127.0.0.1:{tracker.port}", "loopback")
+        for _ in range(50):  # the server registers with the tracker asynchronously
+            try:
+                settings.check()
+                break
+            except RPCError:
+                time.sleep(0.2)
+        wl = workloads.gemm(64, 64, 32)
+        path = tune(wl.model, target, trials=3, work_dir=tmp_path, rpc=settings,
+                    progress=False)
+        (task,) = load_records(path).tasks.values()
+        assert len(task.state.trials) == 3
+        assert all(t.ok for t in task.state.trials.values())  # every candidate ran remotely
+        with pytest.raises(RPCError, match="no server with key 'nope'"):
+            RPCSettings(settings.tracker, "nope").check()
+    finally:
+        server.terminate()
+        tracker.terminate()
