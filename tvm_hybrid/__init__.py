@@ -5,6 +5,8 @@ Graph passes, expert templates and microkernels in the oneDNN Graph Compiler's h
 >>> import tvm_hybrid
 >>> model = tvm_hybrid.compile("model.onnx")          # target="host"
 >>> y = model(x)                                      # numpy in, numpy out
+>>> records = tvm_hybrid.tune("model.onnx", trials=64)  # optional: search the template knobs
+>>> model = tvm_hybrid.compile("model.onnx", tuning_records=records)
 
 or, inside existing TVM code, ``tvm.compile(mod, target, relax_pipeline="hybrid")``.
 """
@@ -30,6 +32,7 @@ from .errors import (  # noqa: E402
 from .host import describe_host, make_target  # noqa: E402
 from .pipeline import hybrid_pipeline, register  # noqa: E402
 from .thread_pool import num_threads, set_num_threads  # noqa: E402
+from .tuning import tune  # noqa: E402
 
 register()
 
@@ -51,4 +54,5 @@ __all__ = [
     "make_target",
     "num_threads",
     "set_num_threads",
+    "tune",
 ]

@@ -99,6 +99,23 @@ def compare(
                 continue
         runners[peer] = runner
 
+    samples = time_interleaved(runners, inputs, rounds=rounds, min_round_ms=min_round_ms,
+                               max_seconds_per_peer=max_seconds_per_peer)
+    for result in results:
+        if result.name in samples and samples[result.name]:
+            result.median_ms = float(np.median(samples[result.name]))
+    return Comparison(name, flops, results)
+
+
+def time_interleaved(runners: dict, inputs: dict[str, np.ndarray], *, rounds: int = 15,
+                     min_round_ms: float = 20.0,
+                     max_seconds_per_peer: float = 20.0) -> dict[str, list[float]]:
+    """Time each runner once per round, round after round (ms per call, one sample a round).
+
+    Interleaving spreads the machine's slow and fast moments over every runner alike. A
+    round repeats a call until it lasts ``min_round_ms``; a slow runner gets fewer rounds so
+    that it takes about ``max_seconds_per_peer``.
+    """
     samples: dict[str, list[float]] = {peer: [] for peer in runners}
     calls: dict[str, int] = {}
     for peer, runner in runners.items():  # warm up and size each peer's round
@@ -121,10 +138,7 @@ def compare(
             for _ in range(calls[peer]):
                 runner(inputs)
             samples[peer].append((time.perf_counter() - start) * 1e3 / calls[peer])
-    for result in results:
-        if result.name in samples and samples[result.name]:
-            result.median_ms = float(np.median(samples[result.name]))
-    return Comparison(name, flops, results)
+    return samples
 
 
 def _agreement(outputs, reference, rtol, atol) -> tuple[float, bool]:
