@@ -76,13 +76,14 @@ class Microkernel:
         return self.registers_used <= self.num_registers
 
 
-def _family(isa, features, vector_bits, num_registers) -> list[Microkernel]:
+def _family(isa, features, vector_bits, num_registers, in_dtype="float32",
+            acc_dtype="float32", k_step=1) -> list[Microkernel]:
     lanes = vector_bits // 32
     out = []
     for vectors in (2, 1):  # nr = 2 vectors first: half the broadcasts per FMA
         for mr in range(16, 0, -1):
-            kernel = Microkernel(isa, features, "float32", "float32", mr, vectors * lanes,
-                                 vector_bits, num_registers)
+            kernel = Microkernel(isa, features, in_dtype, acc_dtype, mr, vectors * lanes,
+                                 vector_bits, num_registers, k_step)
             if kernel.fits_registers():
                 out.append(kernel)
     return out
@@ -95,6 +96,32 @@ FP32_MICROKERNELS: dict[str, list[Microkernel]] = {
 }
 
 
+#: u8 x s8 -> s32 microkernels, by ISA. AVX512-VNNI's ``vpdpbusd`` multiplies 4 adjacent ``u8``
+#: of ``A`` (broadcast) by 4 ``s8`` of ``B`` per 32-bit lane and adds the 4 products to the
+#: ``s32`` accumulator, exactly (no saturation), so ``B`` is packed with ``K`` in groups of 4.
+INT8_MICROKERNELS: dict[str, list[Microkernel]] = {
+    "avx512_vnni": _family("avx512_vnni", ("avx512vnni",), 512, 32, "uint8", "int32", 4),
+}
+
+
+def int8_microkernels(target: Target) -> list[Microkernel]:
+    """The u8 x s8 microkernels ``target`` can run, or ``[]``."""
+    features = target_features(target)
+    for family in INT8_MICROKERNELS.values():
+        if all(f in features for f in family[0].features):
+            return family
+    return []
+
+
+def microkernels_for(target: Target, in_dtype: str) -> list[Microkernel]:
+    """The microkernels of ``target`` for GEMMs on ``in_dtype`` operands."""
+    if in_dtype == "float32":
+        return fp32_microkernels(target)
+    if in_dtype == "uint8":
+        return int8_microkernels(target)
+    return []
+
+
 def microkernel_by_name(name: str) -> Microkernel:
     """The microkernel called ``name`` (:attr:`Microkernel.name`).
 
@@ -103,7 +130,7 @@ def microkernel_by_name(name: str) -> Microkernel:
     KeyError
         When no microkernel has that name.
     """
-    for family in FP32_MICROKERNELS.values():
+    for family in [*FP32_MICROKERNELS.values(), *INT8_MICROKERNELS.values()]:
         for kernel in family:
             if kernel.name == name:
                 return kernel
@@ -157,7 +184,11 @@ def tensor_intrin(kernel: Microkernel, k: int) -> str:
 @functools.cache
 def _register(kernel: Microkernel, k: int) -> str:
     name = f"{kernel.name}_k{k}"
-    desc, impl = _tile_functions(kernel.mr, kernel.nr, k, kernel.lanes, kernel.in_dtype)
+    if kernel.in_dtype == "uint8":
+        desc, impl = _vnni_tile_functions(kernel.mr, kernel.nr, k, kernel.lanes,
+                                          kernel.vector_bits)
+    else:
+        desc, impl = _tile_functions(kernel.mr, kernel.nr, k, kernel.lanes, kernel.in_dtype)
     s_tir.TensorIntrin.register(name, desc, impl, override=True)
     return name
 
@@ -216,5 +247,79 @@ def _tile_functions(mr: int, nr: int, kc: int, lanes: int, dtype: str):
                 with T.sblock("update"):
                     vj, vk = T.axis.remap("SR", [j, kk])
                     C[0, vj] = C[0, vj] + A[0, vk] * B[vk, vj]
+
+    return (desc_one_row if mr == 1 else desc), impl
+
+
+def _vnni_tile_functions(mr: int, nr: int, kc: int, lanes: int, vector_bits: int):
+    """``C[mr, nr] (s32) += A[mr, kc] (u8) * B[kc / 4, nr, 4] (s8)`` with ``vpdpbusd``."""
+    if kc % 4:
+        raise ValueError(f"the VNNI microkernel needs K % 4 == 0, got K = {kc}")
+    vectors = nr // lanes
+    groups = kc // 4
+    byte_lanes = lanes * 4
+    intrinsic = f"llvm.x86.avx512.vpdpbusd.{vector_bits}"
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, b: T.handle, c: T.handle):
+        lda = T.int32()
+        ldb = T.int32()
+        ldc = T.int32()
+        A = T.match_buffer(a, (mr, kc), "uint8", offset_factor=1, strides=[lda, 1])
+        B = T.match_buffer(b, (groups, nr, 4), "int8", offset_factor=1, strides=[ldb, 4, 1])
+        C = T.match_buffer(c, (mr, nr), "int32", offset_factor=1, strides=[ldc, 1],
+                           scope="local")
+        with T.sblock("root"):
+            T.reads(C[0:mr, 0:nr], A[0:mr, 0:kc], B[0:groups, 0:nr, 0:4])
+            T.writes(C[0:mr, 0:nr])
+            for i, j, kk in T.grid(mr, nr, kc):
+                with T.sblock("update"):
+                    vi, vj, vk = T.axis.remap("SSR", [i, j, kk])
+                    C[vi, vj] = C[vi, vj] + T.Cast("int32", A[vi, vk]) * T.Cast(
+                        "int32", B[vk // 4, vj, vk % 4])
+
+    @T.prim_func(s_tir=True)
+    def desc_one_row(a: T.handle, b: T.handle, c: T.handle):
+        lda = T.int32()
+        ldb = T.int32()
+        ldc = T.int32()
+        A = T.match_buffer(a, (mr, kc), "uint8", offset_factor=1, strides=[lda, 1])
+        B = T.match_buffer(b, (groups, nr, 4), "int8", offset_factor=1, strides=[ldb, 4, 1])
+        C = T.match_buffer(c, (mr, nr), "int32", offset_factor=1, strides=[ldc, 1],
+                           scope="local")
+        with T.sblock("root"):
+            T.reads(C[0:mr, 0:nr], A[0:mr, 0:kc], B[0:groups, 0:nr, 0:4])
+            T.writes(C[0:mr, 0:nr])
+            for _i, j, kk in T.grid(1, nr, kc):
+                with T.sblock("update"):
+                    vj, vk = T.axis.remap("SR", [j, kk])
+                    C[0, vj] = C[0, vj] + T.Cast("int32", A[0, vk]) * T.Cast(
+                        "int32", B[vk // 4, vj, vk % 4])
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle):
+        lda = T.int32()
+        ldb = T.int32()
+        ldc = T.int32()
+        A = T.match_buffer(a, (mr, kc), "uint8", offset_factor=1, strides=[lda, 1])
+        B = T.match_buffer(b, (groups, nr, 4), "int8", offset_factor=1, strides=[ldb, 4, 1])
+        C = T.match_buffer(c, (mr, nr), "int32", offset_factor=1, strides=[ldc, 1],
+                           scope="local")
+        with T.sblock("root"):
+            T.reads(C[0:mr, 0:nr], A[0:mr, 0:kc], B[0:groups, 0:nr, 0:4])
+            T.writes(C[0:mr, 0:nr])
+            for g in T.serial(groups):
+                for i in T.unroll(mr):
+                    for v in T.unroll(vectors):
+                        C[i, T.ramp(v * lanes, 1, lanes)] = T.call_llvm_pure_intrin(
+                            T.llvm_lookup_intrinsic_id(intrinsic),
+                            C[i, T.ramp(v * lanes, 1, lanes)],
+                            T.reinterpret(
+                                T.broadcast(
+                                    T.reinterpret(A.vload([i, g * 4], "uint8x4"), dtype="int32"),
+                                    lanes),
+                                dtype=f"int8x{byte_lanes}"),
+                            B.vload([g, v * lanes, 0], f"int8x{byte_lanes}"),
+                            dtype=f"int32x{lanes}")
 
     return (desc_one_row if mr == 1 else desc), impl

@@ -14,7 +14,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 
 from .host import host_target
-from .passes import FastMath, FuseGemmEpilogues, PrepackConstantWeights
+from .passes import FastMath, FuseGemmEpilogues, IntegerGemmToVNNI, PrepackConstantWeights
 from .schedules import default_rules
 
 
@@ -78,10 +78,12 @@ def prepare_passes(target: Target) -> list[tvm.transform.Pass]:
 def graph_passes(target: Target) -> list[tvm.transform.Pass]:
     """Relax-level rewrites run before legalization.
 
-    Constant weights are prepacked for the GEMM microkernel, each GEMM is grouped with its
+    Integer matmuls with constant 8-bit weights become u8 x s8 VNNI GEMMs, constant fp32
+    weights are prepacked for the GEMM microkernel, each GEMM is grouped with its
     epilogue chain (``patterns.py``), and exp/erf/tanh/softmax take vectorisable forms.
     """
     return [
+        IntegerGemmToVNNI(target),
         PrepackConstantWeights(target),
         FuseGemmEpilogues(),
         FastMath(),

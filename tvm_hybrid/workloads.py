@@ -102,6 +102,42 @@ def gemm(m: int, n: int, k: int, *, seed: int = 0) -> Workload:
     return Workload(f"gemm{m}x{n}x{k}", proto, {"a": data}, 2.0 * m * n * k)
 
 
+def matmul_integer(m: int, n: int, k: int, *, activations: str = "uint8", zero_point: int = 0,
+                   weight_zero_point: int | None = None, weight_range=(-128, 128),
+                   seed: int = 0) -> Workload:
+    """ONNX ``MatMulInteger``: ``(A - a_zp) @ (W - w_zp)`` in int32, ``W`` a constant ``s8``.
+
+    ``activations`` is ``"uint8"`` or ``"int8"``; ``weight_zero_point=None`` leaves the
+    optional weight zero point out of the node; weights are drawn from ``weight_range``
+    (half-open).
+    """
+    rng = np.random.default_rng(seed)
+    weight = rng.integers(*weight_range, (k, n)).astype(np.int8)
+    a_type = TensorProto.UINT8 if activations == "uint8" else TensorProto.INT8
+    g = _Graph(seed)
+    inputs = ["a", g.const(weight, "w"), g.const(np.array(zero_point, activations), "a_zp")]
+    if weight_zero_point is not None:
+        inputs.append(g.const(np.array(weight_zero_point, np.int8), "w_zp"))
+    out = g.op("MatMulInteger", *inputs)
+    proto = g.model("matmul_integer", [_value("a", (m, k), a_type)],
+                    [_value(out, (m, n), TensorProto.INT32)])
+    low, high = (0, 256) if activations == "uint8" else (-128, 128)
+    data = np.random.default_rng(seed + 1).integers(low, high, (m, k)).astype(activations)
+    return Workload(f"matmul_integer{m}x{n}x{k}_{activations}", proto, {"a": data},
+                    2.0 * m * n * k)
+
+
+def matmul_integer_reference(wl: Workload) -> np.ndarray:
+    """The exact result of a :func:`matmul_integer` workload, computed in int64 with numpy."""
+    inits = {t.name: numpy_helper.to_array(t) for t in wl.model.graph.initializer}
+    node = wl.model.graph.node[0]
+    a = wl.inputs["a"].astype(np.int64) - inits[node.input[2]].astype(np.int64)
+    w = inits[node.input[1]].astype(np.int64)
+    if len(node.input) > 3:
+        w = w - inits[node.input[3]].astype(np.int64)
+    return (a @ w).astype(np.int32)
+
+
 def attention(batch: int, seq: int, *, heads: int = 12, head_dim: int = 64,
               seed: int = 0) -> Workload:
     """BERT multi-head attention core: softmax(Q·Kᵀ/√d + mask)·V on [batch, heads, seq, d]."""

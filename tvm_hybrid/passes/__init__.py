@@ -2,6 +2,7 @@
 
 from .fast_math import FastMath
 from .fuse_epilogues import FuseGemmEpilogues
+from .integer_gemm import IntegerGemmToVNNI
 from .prepack import PrepackConstantWeights
 
-__all__ = ["FastMath", "FuseGemmEpilogues", "PrepackConstantWeights"]
+__all__ = ["FastMath", "FuseGemmEpilogues", "IntegerGemmToVNNI", "PrepackConstantWeights"]

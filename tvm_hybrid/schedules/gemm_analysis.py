@@ -1,9 +1,13 @@
 """Is this TIR block a GEMM the expert template covers? (analysis only, no scheduling)
 
-A covered block computes ``C[..., i, j] += A[..., i, k] * B[...]`` in fp32, with ``B`` read either
-plainly, ``B[..., k, j]``, or in the packed layout of ``passes/prepack.py``,
-``B[j // nr, k, j % nr]``. Leading spatial axes are batch axes; the single reduction axis is
-``k``.
+A covered block computes ``C[..., i, j] += A[..., i, k] * B[...]`` either
+
+* in fp32, with ``B`` read plainly, ``B[..., k, j]``, or in the packed layout of
+  ``passes/prepack.py``, ``B[j // nr, k, j % nr]``; or
+* in int32 from ``u8`` ``A`` and ``s8`` ``B`` (``C += int32(A) * int32(B)``), with ``B`` in the
+  VNNI layout of ``passes/integer_gemm.py``, ``B[j // nr, k // 4, j % nr, k % 4]``.
+
+Leading spatial axes are batch axes; the single reduction axis is ``k``.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ class GemmBlock:
     block: s_tir.schedule.SBlockRV
     shape: GemmShape
     packed_nr: int | None  # the panel width when B is prepacked, else None
-    dtype: str
+    dtype: str  # the dtype of A: "float32", or "uint8" for the VNNI int8 GEMM
 
 
 def match_gemm(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> GemmBlock | None:
@@ -44,7 +48,10 @@ def match_gemm(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> GemmBlock
             return None
         extents.append(int(extent.value))
     store = stmt.body
-    if not isinstance(store, tirx.BufferStore) or str(store.buffer.dtype) != "float32":
+    if not isinstance(store, tirx.BufferStore):
+        return None
+    out_dtype = str(store.buffer.dtype)
+    if out_dtype not in ("float32", "int32"):
         return None
     ivars = [iv.var for iv in stmt.iter_vars]
     *spatial, k = ivars
@@ -60,20 +67,30 @@ def match_gemm(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> GemmBlock
     if not isinstance(product, prim.Mul):
         return None
     loads = [product.a, product.b]
+    if out_dtype == "int32":
+        if not all(isinstance(x, prim.Cast) and str(x.ty.dtype) == "int32" for x in loads):
+            return None
+        loads = [x.value for x in loads]
     if not all(isinstance(x, ir_expr.TensorLoad) for x in loads):
         return None
     a_load = next((x for x in loads if _ends_with(x.indices, [i, k])), None)
     if a_load is None:
         return None
     b_load = loads[1] if a_load is loads[0] else loads[0]
-    packed_nr = _packed_width(b_load.indices, j, k)
-    if packed_nr is None and not _ends_with(b_load.indices, [k, j]):
-        return None
     batch = 1
     for extent in extents[: len(spatial) - 2]:
         batch *= extent
-    shape = GemmShape(batch, extents[len(spatial) - 2], extents[len(spatial) - 1], extents[-1])
-    return GemmBlock(block, shape, packed_nr, "float32")
+    m, n, k_len = extents[len(spatial) - 2], extents[len(spatial) - 1], extents[-1]
+    if out_dtype == "int32":
+        packed_nr = _vnni_width(b_load.indices, j, k)
+        a_dtype, b_dtype = str(a_load.source.dtype), str(b_load.source.dtype)
+        if packed_nr is None or (a_dtype, b_dtype) != ("uint8", "int8") or k_len % 4:
+            return None
+        return GemmBlock(block, GemmShape(batch, m, n, k_len, itemsize=1), packed_nr, "uint8")
+    packed_nr = _packed_width(b_load.indices, j, k)
+    if packed_nr is None and not _ends_with(b_load.indices, [k, j]):
+        return None
+    return GemmBlock(block, GemmShape(batch, m, n, k_len), packed_nr, "float32")
 
 
 def _is_load_of(expr, buffer) -> bool:
@@ -84,6 +101,26 @@ def _ends_with(indices, variables) -> bool:
     if len(indices) < len(variables):
         return False
     return all(a.same_as(b) for a, b in zip(list(indices)[-len(variables):], variables))
+
+
+def _vnni_width(indices, j, k) -> int | None:
+    """``nr`` if ``indices`` are ``[j // nr, k // 4, j % nr, k % 4]``, else None."""
+    if len(indices) != 4:
+        return None
+    nr = _div_mod_pair(indices[0], indices[2], j)
+    group = _div_mod_pair(indices[1], indices[3], k)
+    return nr if group == 4 else None
+
+
+def _div_mod_pair(outer, inner, var) -> int | None:
+    """``d`` if ``outer`` is ``var // d`` and ``inner`` is ``var % d``, else None."""
+    if not (isinstance(outer, prim.FloorDiv) and isinstance(inner, prim.FloorMod)):
+        return None
+    if not (outer.a.same_as(var) and inner.a.same_as(var)):
+        return None
+    if not (isinstance(outer.b, prim.IntImm) and isinstance(inner.b, prim.IntImm)):
+        return None
+    return int(outer.b.value) if outer.b.value == inner.b.value else None
 
 
 def _packed_width(indices, j, k) -> int | None:

@@ -29,7 +29,13 @@ from tvm.target import Target
 
 from ..heuristics import GemmKnobs, choose_knobs
 from ..host import cache_sizes
-from ..microkernels import Microkernel, fp32_microkernels, tensor_intrin
+from ..microkernels import (
+    Microkernel,
+    fp32_microkernels,
+    int8_microkernels,
+    microkernels_for,
+    tensor_intrin,
+)
 from ..thread_pool import num_threads
 from .gemm_analysis import GemmBlock, match_gemm
 from .parallel_vectorize import inline_free_producers, schedule_blocks
@@ -77,7 +83,7 @@ def apply_template(
     """
     if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
         return None
-    if not fp32_microkernels(target):
+    if not (fp32_microkernels(target) or int8_microkernels(target)):
         return None
     sch = sch if sch is not None else s_tir.Schedule(func)
     used: list[GemmKnobs] = []
@@ -116,7 +122,7 @@ def template_gemms(func: tirx.PrimFunc, target: Target) -> list[GemmBlock]:
 
 def candidate_kernels(gemm: GemmBlock, target: Target) -> list[Microkernel]:
     """Microkernels that tile ``gemm`` with no tail (what a tuner may choose from)."""
-    kernels = fp32_microkernels(target)
+    kernels = microkernels_for(target, gemm.dtype)
     if gemm.packed_nr is not None:
         kernels = [k for k in kernels if k.nr == gemm.packed_nr]
     return [k for k in kernels if gemm.shape.m % k.mr == 0 and gemm.shape.n % k.nr == 0]
