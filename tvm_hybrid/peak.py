@@ -41,6 +41,13 @@ class Peak:
         return (f"{self.gflops:.0f} GFLOP/s measured = {self.cores} cores x "
                 f"{self.clock_ghz:.2f} GHz x {FMA_PIPES * self.lanes * 2} FLOP/cycle")
 
+    @property
+    def vnni_gops(self) -> float:
+        """The u8 x s8 VNNI peak at the measured clock: ``vpdpbusd`` issues on the same pipes as
+        FMA, each doing 4 multiply-adds per 32-bit lane (256 int8 ops/cycle/core with
+        AVX-512)."""
+        return self.cores * self.clock_ghz * FMA_PIPES * self.lanes * 4 * 2
+
 
 def measure_fp32_peak(target: Target | None = None, cores: int | None = None) -> Peak:
     """Run the FMA-throughput kernel on ``cores`` threads (default: TVM's thread count)."""

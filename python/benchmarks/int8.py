@@ -1,0 +1,67 @@
+"""The u8 x s8 -> s32 GEMM (ONNX ``MatMulInteger``) against ONNX Runtime and OpenVINO.
+
+Each runtime's output is checked bit for bit against an int64 numpy reference, then all are
+timed interleaved in one process (medians). GOP/s are printed against the VNNI peak at the
+clock measured by ``tvm_hybrid.peak`` (256 int8 ops/cycle/core with AVX-512 VNNI). This prints
+ratios; it is not a test.
+
+    python python/benchmarks/int8.py [--rounds 15] [--peers hybrid,onnxruntime,openvino]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+import tvm_hybrid
+from tvm_hybrid import workloads
+from tvm_hybrid.comparison import compare, format_ratios
+from tvm_hybrid.peak import measure_fp32_peak
+from tvm_hybrid.peers import available, make_runner
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15, help="interleaved timing rounds")
+    parser.add_argument("--peers", default="hybrid,onnxruntime,openvino")
+    args = parser.parse_args()
+    print(f"host {tvm_hybrid.describe_host()}")
+    peak = measure_fp32_peak()
+    print(f"fp32 peak {peak.describe()}; VNNI peak at that clock {peak.vnni_gops:.0f} GOP/s")
+    peers = [p.strip() for p in args.peers.split(",")]
+    rows = []
+    for wl in (workloads.matmul_integer(1024, 1024, 1024),
+               workloads.matmul_integer(1024, 1024, 1024, activations="int8", zero_point=3)):
+        reference = workloads.matmul_integer_reference(wl)
+        for peer in peers:
+            if not available(peer):
+                continue
+            try:
+                out = make_runner(peer, wl.model)(wl.inputs)[0]
+                exact = np.array_equal(out, reference)
+            except Exception as err:  # noqa: BLE001 - a peer lacking the op is reported
+                exact = f"fails: {type(err).__name__}: {str(err).splitlines()[0][:80]}"
+            print(f"{wl.name} {peer}: bit-exact vs int64 numpy: {exact}")
+        hybrid = tvm_hybrid.compile(wl.model)
+        kernel_ms = hybrid.benchmark(**wl.inputs)["median_ms"]
+        gops = wl.flops / kernel_ms / 1e6
+        print(f"  hybrid, device tensors in and out (model.benchmark): {kernel_ms:.3f} ms "
+              f"{gops:.0f} GOP/s ({100 * gops / peak.vnni_gops:.1f}% of VNNI peak)")
+        print("  numpy in, numpy out, interleaved with the peers:")
+        result = compare(wl.name, wl.model, wl.inputs, peers, flops=wl.flops, rounds=args.rounds,
+                         rtol=0, atol=0)
+        rows.append(result)
+        for peer in result.results:
+            if peer.ok:
+                gops = wl.flops / peer.median_ms / 1e6
+                print(f"  {peer.name:12s} {peer.median_ms:8.3f} ms {gops:7.0f} GOP/s "
+                      f"({100 * gops / peak.vnni_gops:.1f}% of VNNI peak)")
+            else:
+                print(f"  {peer.name:12s} {peer.error}")
+    print("\nhybrid's speed ratio over each runtime (above 1.00x: hybrid is faster)")
+    print(format_ratios(rows))
+
+
+if __name__ == "__main__":
+    main()
