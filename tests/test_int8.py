@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import tvm
 
 import tvm_hybrid
 from tvm_hybrid import workloads
-from tvm_hybrid.host import make_target
+from tvm_hybrid.host import check_runnable_here, make_target
 from tvm_hybrid.microkernels import ensure_tensor_intrin, int8_microkernels, tensor_intrin
 from tvm_hybrid.passes.integer_gemm import INT8_PACKED_MATMUL, pack_weight_vnni
 from tvm_hybrid.schedules.gemm_template import TEMPLATE_ANNOTATION
@@ -45,15 +47,18 @@ def test_int8_microkernel_family_and_names():
     assert name == f"{kernels[0].name}_k64" and ensure_tensor_intrin(name)
 
 
-@pytest.mark.parametrize("mcpu", ["znver4", "icelake-server", "sapphirerapids"])
-def test_int8_gemm_assembly_uses_vpdpbusd(mcpu):
-    """Compile for a VNNI CPU (no execution): the kernel's inner loop is vpdpbusd on zmm."""
+@pytest.mark.parametrize("mcpu, register", [
+    ("znver4", "zmm"), ("icelake-server", "zmm"), ("sapphirerapids", "zmm"),
+    ("alderlake", "ymm"),  # AVX-VNNI: no AVX-512, the 256-bit form
+])
+def test_int8_gemm_assembly_uses_vpdpbusd(mcpu, register):
+    """Compile for a VNNI CPU (no execution): the kernel's inner loop is vpdpbusd."""
     wl = workloads.matmul_integer(64, 64, 128)
     model = tvm_hybrid.compile(wl.model, {"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
     assert _gemm_kernels(model)
     asm = model.inspect_source("asm")
     assert asm.count("vpdpbusd") >= 8
-    assert "vpdpbusd\t%zmm" in asm or "vpdpbusd %zmm" in asm
+    assert re.search(rf"vpdpbusd\s+%{register}", asm)
 
 
 @needs_vnni
@@ -80,6 +85,20 @@ def test_matmul_integer_is_bit_exact(m, n, k, activations, zp, wzp):
         data = np.full((m, k), fill, activations)
         wl_fill = workloads.Workload(wl.name, wl.model, {"a": data}, wl.flops)
         np.testing.assert_array_equal(model(data), workloads.matmul_integer_reference(wl_fill))
+
+
+def test_avx_vnni_kernel_is_bit_exact():
+    """The 256-bit AVX-VNNI family, run here when this CPU has AVX-VNNI."""
+    target = make_target({"kind": "llvm", "mcpu": "alderlake", "num-cores": 2})
+    try:
+        check_runnable_here(target)
+    except tvm_hybrid.TargetError as err:
+        pytest.skip(f"needs AVX-VNNI to run: {err}")
+    wl = workloads.matmul_integer(40, 48, 64, activations="int8", zero_point=-7)
+    model = tvm_hybrid.compile(wl.model, target)
+    (name,) = _gemm_kernels(model)
+    assert "avx_vnni" in model.lowered[name].script()
+    np.testing.assert_array_equal(model(**wl.inputs), workloads.matmul_integer_reference(wl))
 
 
 @needs_vnni

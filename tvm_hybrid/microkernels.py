@@ -99,8 +99,10 @@ FP32_MICROKERNELS: dict[str, list[Microkernel]] = {
 #: u8 x s8 -> s32 microkernels, by ISA. AVX512-VNNI's ``vpdpbusd`` multiplies 4 adjacent ``u8``
 #: of ``A`` (broadcast) by 4 ``s8`` of ``B`` per 32-bit lane and adds the 4 products to the
 #: ``s32`` accumulator, exactly (no saturation), so ``B`` is packed with ``K`` in groups of 4.
+#: AVX-VNNI (Alder Lake, Sierra Forest: no AVX-512) is the same instruction on 256-bit ymm.
 INT8_MICROKERNELS: dict[str, list[Microkernel]] = {
     "avx512_vnni": _family("avx512_vnni", ("avx512vnni",), 512, 32, "uint8", "int32", 4),
+    "avx_vnni": _family("avx_vnni", ("avxvnni",), 256, 16, "uint8", "int32", 4),
 }
 
 
