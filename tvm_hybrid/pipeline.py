@@ -14,7 +14,13 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 
 from .host import host_target
-from .passes import FastMath, FuseGemmEpilogues, IntegerGemmToVNNI, PrepackConstantWeights
+from .passes import (
+    FastMath,
+    FoldQDQ,
+    FuseGemmEpilogues,
+    IntegerGemmToVNNI,
+    PrepackConstantWeights,
+)
 from .schedules import default_rules
 
 
@@ -60,8 +66,10 @@ def prepare_passes(target: Target) -> list[tvm.transform.Pass]:
     """
     return [
         # Phase 1: normalise the imported graph (inference-only forms, folded constants).
+        # QDQ GEMMs become int8 first, before constant folding turns their weights into fp32.
         relax.transform.DecomposeOpsForInference(),
         relax.transform.CanonicalizeBindings(),
+        FoldQDQ(target),
         relax.transform.FoldConstant(),
         # Phase 2: graph passes (fusion patterns, weight prepacking, quantization).
         *graph_passes(target),

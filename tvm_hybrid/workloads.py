@@ -102,6 +102,102 @@ def gemm(m: int, n: int, k: int, *, seed: int = 0) -> Workload:
     return Workload(f"gemm{m}x{n}x{k}", proto, {"a": data}, 2.0 * m * n * k)
 
 
+def qdq_mlp(batch: int, dims: tuple[int, ...], *, seed: int = 0, final: str | None = None,
+            name: str | None = None) -> Workload:
+    """The :func:`mlp` quantized to int8 as an ONNX QDQ model (what ONNX Runtime's quantizer
+    writes): u8 activations (per-tensor, asymmetric, calibrated on the workload's input), s8
+    weights (per output channel, symmetric), fp32 bias; ``QuantizeLinear``/``DequantizeLinear``
+    around every MatMul, ReLU before each requantization, ``final`` applied to the dequantized
+    output of the last layer.
+    """
+    fp32 = mlp(batch, dims, seed=seed, final=final, name=name)
+    inits = {t.name: numpy_helper.to_array(t) for t in fp32.model.graph.initializer}
+    weights = [n.input[1] for n in fp32.model.graph.node if n.op_type == "MatMul"]
+    biases = [n.input[1] for n in fp32.model.graph.node if n.op_type == "Add"]
+    g = _Graph(seed)
+    x = fp32.inputs["x"]
+
+    def activation_qparams(values: np.ndarray) -> tuple[str, str]:
+        low, high = min(float(values.min()), 0.0), max(float(values.max()), 0.0)
+        scale = np.float32(max(high - low, 1e-6) / 255)
+        zero = np.uint8(np.clip(round(-low / float(scale)), 0, 255))
+        return g.const(np.array(scale, np.float32), "s"), g.const(np.array(zero), "z")
+
+    scale, zero = activation_qparams(x)
+    cur = g.op("DequantizeLinear", g.op("QuantizeLinear", "x", scale, zero), scale, zero)
+    value = x
+    for n, (wname, bname) in enumerate(zip(weights, biases)):
+        w, b = inits[wname], inits[bname]
+        w_scale = (np.abs(w).max(axis=0) / 127).astype(np.float32)
+        w_q = np.clip(np.round(w / w_scale), -127, 127).astype(np.int8)
+        w_dq = g.op("DequantizeLinear", g.const(w_q, "wq"), g.const(w_scale, "ws"),
+                    g.const(np.zeros(w.shape[1], np.int8), "wz"), axis=1)
+        cur = g.op("Add", g.op("MatMul", cur, w_dq), g.const(b, "b"))
+        value = value @ w + b
+        last = n == len(weights) - 1
+        if not last or final is None:
+            cur = g.op("Relu", cur)
+            value = np.maximum(value, 0)
+        scale, zero = activation_qparams(value)
+        cur = g.op("DequantizeLinear", g.op("QuantizeLinear", cur, scale, zero), scale, zero)
+    if final:
+        cur = g.op(final, cur)
+    out = g.op("Identity", cur)
+    proto = g.model("qdq_mlp", [_value("x", (batch, dims[0]))],
+                    [_value(out, (batch, dims[-1]))])
+    return Workload(f"qdq_{fp32.name}", proto, dict(fp32.inputs), fp32.flops)
+
+
+def qdq_reference(wl: Workload) -> np.ndarray:
+    """The QDQ integer reference of a :func:`qdq_mlp` workload, in numpy.
+
+    Quantization and dequantization follow ONNX (round half to even, saturate); each GEMM is
+    exact in integers, with bias and requantization in the integer arithmetic of
+    ``tvm_hybrid.passes.qdq`` (bias rounded to the accumulator's scale, fixed-point multiplier).
+    """
+    from .passes.qdq import quantized_multiplier, requantize_reference
+
+    inits = {t.name: numpy_helper.to_array(t) for t in wl.model.graph.initializer}
+    nodes = list(wl.model.graph.node)
+    values: dict[str, np.ndarray] = {"x": wl.inputs["x"]}
+    quantized: dict[str, tuple] = {}  # float tensor name -> (q, scale, zero) it dequantizes
+    index = 0
+    while index < len(nodes):
+        node = nodes[index]
+        if node.op_type == "QuantizeLinear" and node.input[0] in values:
+            s, z = inits[node.input[1]], inits[node.input[2]]
+            q = np.clip(np.round(values[node.input[0]] / s) + z, 0, 255).astype(np.uint8)
+            values[node.output[0]] = q
+        elif node.op_type == "DequantizeLinear" and node.input[0] in values:
+            s, z = inits[node.input[1]], inits[node.input[2]]
+            q = values[node.input[0]]
+            values[node.output[0]] = ((q.astype(np.int32) - z).astype(np.float32) * s)
+            quantized[node.output[0]] = (q, s, z)
+        elif node.op_type == "MatMul":
+            q, sx, zx = quantized[node.input[0]]
+            w_node = next(n for n in nodes if n.output[0] == node.input[1])
+            wq, ws = inits[w_node.input[0]], inits[w_node.input[1]]
+            acc = (q.astype(np.int64) - int(zx)) @ wq.astype(np.int64)
+            scale = (np.float32(sx) * ws).astype(np.float32)
+            add = nodes[index + 1]
+            bias = inits[add.input[1]]
+            relu = nodes[index + 2].op_type == "Relu"
+            qnode = nodes[index + 2 + relu]
+            sy, zy = inits[qnode.input[1]], inits[qnode.input[2]]
+            bias_q = np.round(bias.astype(np.float64) / scale.astype(np.float64))
+            m, shift = quantized_multiplier(scale.astype(np.float64) / float(sy))
+            values[qnode.output[0]] = requantize_reference(acc, bias_q, m, shift, int(zy),
+                                                           "uint8", relu)
+            index += 3 + relu
+            continue
+        elif node.op_type in ("Sigmoid", "Identity"):
+            value = values[node.input[0]]
+            values[node.output[0]] = (1 / (1 + np.exp(-value))).astype(np.float32) \
+                if node.op_type == "Sigmoid" else value
+        index += 1
+    return values[wl.model.graph.output[0].name]
+
+
 def matmul_integer(m: int, n: int, k: int, *, activations: str = "uint8", zero_point: int = 0,
                    weight_zero_point: int | None = None, weight_range=(-128, 128),
                    seed: int = 0) -> Workload:

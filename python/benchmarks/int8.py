@@ -1,4 +1,4 @@
-"""The u8 x s8 -> s32 GEMM (ONNX ``MatMulInteger``) against ONNX Runtime and OpenVINO.
+"""int8: the u8 x s8 GEMM (``MatMulInteger``) and QDQ MLPs against ONNX Runtime and OpenVINO.
 
 Each runtime's output is checked bit for bit against an int64 numpy reference, then all are
 timed interleaved in one process (medians). GOP/s are printed against the VNNI peak at the
@@ -59,6 +59,23 @@ def main() -> None:
                       f"({100 * gops / peak.vnni_gops:.1f}% of VNNI peak)")
             else:
                 print(f"  {peer.name:12s} {peer.error}")
+    print("\nQDQ MLPs (u8 activations, per-channel s8 weights): hybrid is checked bit for bit")
+    print("against the QDQ integer reference; peers (float QDQ semantics) within 2% or 0.02")
+    for batch in (32, 128):
+        for wl in (workloads.qdq_mlp(batch, (13, 512, 256, 128), name="mlp1"),
+                   workloads.qdq_mlp(batch, (479, 1024, 1024, 512, 256, 1), final="Sigmoid",
+                                     name="mlp2")):
+            hybrid = tvm_hybrid.compile(wl.model)
+            got, want = hybrid(**wl.inputs), workloads.qdq_reference(wl)
+            err = float(np.max(np.abs(got - want)))
+            print(f"{wl.name}: hybrid vs integer reference max |diff| {err:.1e}"
+                  f"{' (bit-exact)' if err == 0 else ' (float sigmoid at the end)'}")
+            result = compare(wl.name, wl.model, wl.inputs, peers, flops=wl.flops,
+                             rounds=args.rounds, rtol=0.02, atol=0.02)
+            rows.append(result)
+            for peer in result.results:
+                status = f"{peer.median_ms:8.3f} ms" if peer.ok else peer.error
+                print(f"  {peer.name:12s} {status}")
     print("\nhybrid's speed ratio over each runtime (above 1.00x: hybrid is faster)")
     print(format_ratios(rows))
 

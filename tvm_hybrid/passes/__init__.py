@@ -4,5 +4,12 @@ from .fast_math import FastMath
 from .fuse_epilogues import FuseGemmEpilogues
 from .integer_gemm import IntegerGemmToVNNI
 from .prepack import PrepackConstantWeights
+from .qdq import FoldQDQ
 
-__all__ = ["FastMath", "FuseGemmEpilogues", "IntegerGemmToVNNI", "PrepackConstantWeights"]
+__all__ = [
+    "FastMath",
+    "FoldQDQ",
+    "FuseGemmEpilogues",
+    "IntegerGemmToVNNI",
+    "PrepackConstantWeights",
+]
