@@ -59,6 +59,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tuning-records", metavar="FILE|DIR",
                    help="records from `tvm-hybrid tune` (or a MetaSchedule work directory) to "
                         "apply; nothing is measured")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                   help="bf16: GEMMs with constant weights in bf16 (AVX512-BF16), fp32 in/out")
     p.set_defaults(handler=_cmd_compile)
 
     p = sub.add_parser("tune", help="search the expert templates' knobs; write tuning records")
@@ -81,6 +83,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--work-dir", default=None,
                    help="directory for search logs (default: next to --output)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                   help="tune the kernels of this precision mode (as for compile)")
     _add_target_flags(p)
     p.set_defaults(handler=_cmd_tune)
 
@@ -142,7 +146,8 @@ def _cmd_compile(args) -> int:
 
     start = time.perf_counter()
     model = hybrid_compile(args.model, args.target, tuning_records=args.tuning_records,
-                           input_shapes=_input_shapes(args.input_shapes))
+                           input_shapes=_input_shapes(args.input_shapes),
+                           precision=args.precision)
     path = model.export(args.output)
     print(f"compiled {args.model} for {model.target.attrs.get('mcpu')} in "
           f"{time.perf_counter() - start:.1f} s -> {path}")
@@ -162,7 +167,8 @@ def _cmd_tune(args) -> int:
     path = tune(args.model, args.target, trials=args.trials, output=output,
                 work_dir=args.work_dir or output.parent, search=args.search,
                 cost_model=args.cost_model, rpc=rpc, resume=not args.restart,
-                input_shapes=_input_shapes(args.input_shapes), progress=not args.no_progress)
+                input_shapes=_input_shapes(args.input_shapes), progress=not args.no_progress,
+                precision=args.precision)
     records = load_records(path)
     print(f"tuned {len(records.tasks)} kernel(s) of {args.model} in "
           f"{time.perf_counter() - start:.1f} s -> {path}")

@@ -13,10 +13,11 @@ from tvm import relax
 from tvm.s_tir import meta_schedule as ms
 
 from .compiled_model import CompiledModel
-from .errors import CompileError, TuningRecordsError
+from .errors import CompileError, TargetError, TuningRecordsError
 from .frontend import import_model
 from .host import make_target
-from .pipeline import hybrid_pipeline
+from .microkernels import bf16_microkernels
+from .pipeline import PRECISIONS, hybrid_pipeline
 
 PIPELINES = ("hybrid", "stock")
 
@@ -29,6 +30,7 @@ def compile(  # noqa: A001 - the public name mirrors tvm.compile
     tuning_records: str | os.PathLike | None = None,
     input_shapes: dict[str, tuple] | None = None,
     pipeline: str = "hybrid",
+    precision: str = "fp32",
 ) -> CompiledModel:
     """Compile a model for an x86 CPU.
 
@@ -51,6 +53,10 @@ def compile(  # noqa: A001 - the public name mirrors tvm.compile
         Static shapes for ONNX inputs with dynamic dimensions, by input name.
     pipeline
         ``"hybrid"`` (default) or ``"stock"`` (TVM's default pipeline, for comparison).
+    precision
+        ``"fp32"`` (default) or ``"bf16"``: GEMMs with constant weights compute in bf16 with
+        fp32 accumulation on AVX512-BF16 (like OpenVINO's inference precision hint); inputs
+        and outputs stay fp32. The target must have AVX512-BF16.
 
     Returns
     -------
@@ -59,6 +65,7 @@ def compile(  # noqa: A001 - the public name mirrors tvm.compile
     if pipeline not in PIPELINES:
         raise ValueError(f"pipeline must be one of {PIPELINES}, got {pipeline!r}")
     tgt = make_target(target)
+    check_precision(precision, tgt)
     imported = import_model(model, input_shapes=input_shapes)
     mod = imported.mod
     if params:
@@ -66,7 +73,8 @@ def compile(  # noqa: A001 - the public name mirrors tvm.compile
         bound = set(params)
         imported.inputs = [spec for spec in imported.inputs if spec.name not in bound]
     database = _load_records(tuning_records, tgt) if tuning_records is not None else None
-    relax_pipeline = hybrid_pipeline(tgt) if pipeline == "hybrid" else relax.get_pipeline("default")
+    relax_pipeline = (hybrid_pipeline(tgt, precision) if pipeline == "hybrid"
+                      else relax.get_pipeline("default"))
     try:
         with warnings.catch_warnings(), tgt:
             warnings.simplefilter("ignore")
@@ -80,6 +88,17 @@ def compile(  # noqa: A001 - the public name mirrors tvm.compile
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CompileError(f"TVM failed to compile {imported.source}: {first}") from None
     return CompiledModel(executable, tgt, imported.inputs, lowered=lowered)
+
+
+def check_precision(precision: str, target: tvm.target.Target) -> None:
+    """Raise unless ``precision`` is known and ``target`` can compute in it."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision == "bf16" and not bf16_microkernels(target):
+        raise TargetError(
+            f"precision='bf16' needs AVX512-BF16, which target mcpu="
+            f"{target.attrs.get('mcpu')!s} lacks; use precision='fp32'"
+        )
 
 
 def _bind_params(mod: tvm.IRModule, params: dict[str, np.ndarray]) -> tvm.IRModule:

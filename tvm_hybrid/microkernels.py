@@ -106,6 +106,39 @@ INT8_MICROKERNELS: dict[str, list[Microkernel]] = {
 }
 
 
+#: bf16 x bf16 -> fp32 microkernels. AVX512-BF16's ``vdpbf16ps`` multiplies 2 adjacent bf16 of
+#: ``A`` (broadcast) by 2 of ``B`` per 32-bit lane and adds both products to the fp32
+#: accumulator, so ``B`` is packed with ``K`` in pairs.
+BF16_MICROKERNELS: dict[str, list[Microkernel]] = {
+    "avx512_bf16": _family("avx512_bf16", ("avx512bf16",), 512, 32, "bfloat16", "float32", 2),
+}
+
+#: ``vdpbf16ps`` takes ``<32 x bfloat>`` operands, a type TIR cannot express: this LLVM IR,
+#: linked into the module through the ``pragma_import_llvm`` loop annotation, takes them as
+#: ``<16 x i32>`` and is always inlined.
+_DPBF16PS_IR = r"""
+define internal <16 x float> @hybrid_dpbf16ps_512(<16 x float> %acc, <16 x i32> %a,
+                                                   <16 x i32> %b) alwaysinline {
+  %av = bitcast <16 x i32> %a to <32 x bfloat>
+  %bv = bitcast <16 x i32> %b to <32 x bfloat>
+  %r = call <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float> %acc,
+                                                          <32 x bfloat> %av, <32 x bfloat> %bv)
+  ret <16 x float> %r
+}
+declare <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float>, <32 x bfloat>,
+                                                        <32 x bfloat>)
+"""
+
+
+def bf16_microkernels(target: Target) -> list[Microkernel]:
+    """The bf16 microkernels ``target`` can run, or ``[]``."""
+    features = target_features(target)
+    for family in BF16_MICROKERNELS.values():
+        if all(f in features for f in family[0].features):
+            return family
+    return []
+
+
 def int8_microkernels(target: Target) -> list[Microkernel]:
     """The u8 x s8 microkernels ``target`` can run, or ``[]``."""
     features = target_features(target)
@@ -121,6 +154,8 @@ def microkernels_for(target: Target, in_dtype: str) -> list[Microkernel]:
         return fp32_microkernels(target)
     if in_dtype == "uint8":
         return int8_microkernels(target)
+    if in_dtype == "bfloat16":
+        return bf16_microkernels(target)
     return []
 
 
@@ -132,7 +167,8 @@ def microkernel_by_name(name: str) -> Microkernel:
     KeyError
         When no microkernel has that name.
     """
-    for family in [*FP32_MICROKERNELS.values(), *INT8_MICROKERNELS.values()]:
+    for family in [*FP32_MICROKERNELS.values(), *INT8_MICROKERNELS.values(),
+                   *BF16_MICROKERNELS.values()]:
         for kernel in family:
             if kernel.name == name:
                 return kernel
@@ -189,6 +225,8 @@ def _register(kernel: Microkernel, k: int) -> str:
     if kernel.in_dtype == "uint8":
         desc, impl = _vnni_tile_functions(kernel.mr, kernel.nr, k, kernel.lanes,
                                           kernel.vector_bits)
+    elif kernel.in_dtype == "bfloat16":
+        desc, impl = _bf16_tile_functions(kernel.mr, kernel.nr, k, kernel.lanes)
     else:
         desc, impl = _tile_functions(kernel.mr, kernel.nr, k, kernel.lanes, kernel.in_dtype)
     s_tir.TensorIntrin.register(name, desc, impl, override=True)
@@ -323,5 +361,74 @@ def _vnni_tile_functions(mr: int, nr: int, kc: int, lanes: int, vector_bits: int
                                 dtype=f"int8x{byte_lanes}"),
                             B.vload([g, v * lanes, 0], f"int8x{byte_lanes}"),
                             dtype=f"int32x{lanes}")
+
+    return (desc_one_row if mr == 1 else desc), impl
+
+
+def _bf16_tile_functions(mr: int, nr: int, kc: int, lanes: int):
+    """``C[mr, nr] (f32) += A[mr, kc] (bf16) * B[kc / 2, nr, 2] (bf16)`` with ``vdpbf16ps``."""
+    if kc % 2:
+        raise ValueError(f"the bf16 microkernel needs an even K, got K = {kc}")
+    vectors = nr // lanes
+    pairs = kc // 2
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, b: T.handle, c: T.handle):
+        lda = T.int32()
+        ldb = T.int32()
+        ldc = T.int32()
+        A = T.match_buffer(a, (mr, kc), "bfloat16", offset_factor=1, strides=[lda, 1])
+        B = T.match_buffer(b, (pairs, nr, 2), "bfloat16", offset_factor=1, strides=[ldb, 2, 1])
+        C = T.match_buffer(c, (mr, nr), "float32", offset_factor=1, strides=[ldc, 1],
+                           scope="local")
+        with T.sblock("root"):
+            T.reads(C[0:mr, 0:nr], A[0:mr, 0:kc], B[0:pairs, 0:nr, 0:2])
+            T.writes(C[0:mr, 0:nr])
+            for i, j, kk in T.grid(mr, nr, kc):
+                with T.sblock("update"):
+                    vi, vj, vk = T.axis.remap("SSR", [i, j, kk])
+                    C[vi, vj] = C[vi, vj] + T.Cast("float32", A[vi, vk]) * T.Cast(
+                        "float32", B[vk // 2, vj, vk % 2])
+
+    @T.prim_func(s_tir=True)
+    def desc_one_row(a: T.handle, b: T.handle, c: T.handle):
+        lda = T.int32()
+        ldb = T.int32()
+        ldc = T.int32()
+        A = T.match_buffer(a, (mr, kc), "bfloat16", offset_factor=1, strides=[lda, 1])
+        B = T.match_buffer(b, (pairs, nr, 2), "bfloat16", offset_factor=1, strides=[ldb, 2, 1])
+        C = T.match_buffer(c, (mr, nr), "float32", offset_factor=1, strides=[ldc, 1],
+                           scope="local")
+        with T.sblock("root"):
+            T.reads(C[0:mr, 0:nr], A[0:mr, 0:kc], B[0:pairs, 0:nr, 0:2])
+            T.writes(C[0:mr, 0:nr])
+            for _i, j, kk in T.grid(1, nr, kc):
+                with T.sblock("update"):
+                    vj, vk = T.axis.remap("SR", [j, kk])
+                    C[0, vj] = C[0, vj] + T.Cast("float32", A[0, vk]) * T.Cast(
+                        "float32", B[vk // 2, vj, vk % 2])
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle):
+        lda = T.int32()
+        ldb = T.int32()
+        ldc = T.int32()
+        A = T.match_buffer(a, (mr, kc), "bfloat16", offset_factor=1, strides=[lda, 1])
+        B = T.match_buffer(b, (pairs, nr, 2), "bfloat16", offset_factor=1, strides=[ldb, 2, 1])
+        C = T.match_buffer(c, (mr, nr), "float32", offset_factor=1, strides=[ldc, 1],
+                           scope="local")
+        with T.sblock("root"):
+            T.reads(C[0:mr, 0:nr], A[0:mr, 0:kc], B[0:pairs, 0:nr, 0:2])
+            T.writes(C[0:mr, 0:nr])
+            for g in T.serial(pairs, annotations={"pragma_import_llvm": _DPBF16PS_IR}):
+                for i in T.unroll(mr):
+                    for v in T.unroll(vectors):
+                        C[i, T.ramp(v * lanes, 1, lanes)] = T.call_extern(
+                            f"float32x{lanes}", "hybrid_dpbf16ps_512",
+                            C[i, T.ramp(v * lanes, 1, lanes)],
+                            T.broadcast(T.reinterpret(A.vload([i, g * 2], "bfloat16x2"),
+                                                      dtype="int32"), lanes),
+                            T.reinterpret(B.vload([g, v * lanes, 0], f"bfloat16x{2 * lanes}"),
+                                          dtype=f"int32x{lanes}"))
 
     return (desc_one_row if mr == 1 else desc), impl

@@ -42,6 +42,12 @@ class Peak:
                 f"{self.clock_ghz:.2f} GHz x {FMA_PIPES * self.lanes * 2} FLOP/cycle")
 
     @property
+    def bf16_gflops(self) -> float:
+        """The AVX512-BF16 peak at the measured clock: ``vdpbf16ps`` issues on the FMA pipes,
+        each doing 2 multiply-adds per 32-bit lane (twice the fp32 rate)."""
+        return 2 * self.gflops
+
+    @property
     def vnni_gops(self) -> float:
         """The u8 x s8 VNNI peak at the measured clock: ``vpdpbusd`` issues on the same pipes as
         FMA, each doing 4 multiply-adds per 32-bit lane (256 int8 ops/cycle/core with

@@ -3,7 +3,9 @@
 Each runner compiles (or loads) an ONNX model and returns a callable taking the model's inputs
 as a name -> array dict and returning its outputs as a list of arrays. ``hybrid`` and ``tvm``
 (stock TVM's default pipeline) are always available; ``onnxruntime`` and ``openvino`` when
-installed (``pip install tvm_hybrid[bench]``).
+installed (``pip install tvm_hybrid[bench]``). ``hybrid_bf16`` is hybrid's ``precision="bf16"``
+mode; ``openvino`` runs with an fp32 inference-precision hint, ``openvino_default`` with
+OpenVINO's own default (bf16 on CPUs with AVX512-BF16 or AMX).
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from .thread_pool import physical_cores
 
 Runner = Callable[[dict[str, np.ndarray]], list[np.ndarray]]
 
-PEERS = ("hybrid", "tvm", "onnxruntime", "openvino")
-_MODULES = {"onnxruntime": "onnxruntime", "openvino": "openvino"}
+PEERS = ("hybrid", "tvm", "onnxruntime", "openvino", "hybrid_bf16", "openvino_default")
+_MODULES = {"onnxruntime": "onnxruntime", "openvino": "openvino",
+            "openvino_default": "openvino"}
 
 
 def available(name: str) -> bool:
@@ -34,10 +37,11 @@ def available(name: str) -> bool:
 
 def make_runner(name: str, model: onnx.ModelProto, target="host") -> Runner:
     """Compile ``model`` with the peer ``name`` and return a callable running it."""
-    if name in ("hybrid", "tvm"):
+    if name in ("hybrid", "tvm", "hybrid_bf16"):
         from .compiler import compile as hybrid_compile
 
-        compiled = hybrid_compile(model, target, pipeline="hybrid" if name == "hybrid" else "stock")
+        compiled = hybrid_compile(model, target, pipeline="stock" if name == "tvm" else "hybrid",
+                                  precision="bf16" if name == "hybrid_bf16" else "fp32")
         names = [spec.name for spec in compiled.inputs]
 
         def run_tvm(feeds):
@@ -49,6 +53,8 @@ def make_runner(name: str, model: onnx.ModelProto, target="host") -> Runner:
         return _onnxruntime(model)
     if name == "openvino":
         return _openvino(model)
+    if name == "openvino_default":
+        return _openvino(model, precision=None)
     raise ValueError(f"unknown peer {name!r}; known: {', '.join(PEERS)}")
 
 
@@ -67,7 +73,7 @@ def _onnxruntime(model: onnx.ModelProto) -> Runner:
     return lambda feeds: session.run(None, feeds)
 
 
-def _openvino(model: onnx.ModelProto, precision: str = "f32") -> Runner:
+def _openvino(model: onnx.ModelProto, precision: str | None = "f32") -> Runner:
     import openvino as ov
 
     core = ov.Core()
@@ -75,15 +81,10 @@ def _openvino(model: onnx.ModelProto, precision: str = "f32") -> Runner:
         path = os.path.join(tmp, "model.onnx")
         onnx.save(model, path)
         ov_model = core.read_model(path)
-    compiled = core.compile_model(
-        ov_model,
-        "CPU",
-        {
-            "INFERENCE_PRECISION_HINT": precision,
-            "INFERENCE_NUM_THREADS": physical_cores(),
-            "PERFORMANCE_HINT": "LATENCY",
-        },
-    )
+    config = {"INFERENCE_NUM_THREADS": physical_cores(), "PERFORMANCE_HINT": "LATENCY"}
+    if precision is not None:
+        config["INFERENCE_PRECISION_HINT"] = precision
+    compiled = core.compile_model(ov_model, "CPU", config)
     request = compiled.create_infer_request()
     outputs = compiled.outputs
 

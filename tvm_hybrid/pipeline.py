@@ -19,12 +19,15 @@ from .passes import (
     FoldQDQ,
     FuseGemmEpilogues,
     IntegerGemmToVNNI,
+    PrepackBF16,
     PrepackConstantWeights,
 )
 from .schedules import default_rules
 
+PRECISIONS = ("fp32", "bf16")
 
-def hybrid_pipeline(target: Target | None = None) -> tvm.transform.Pass:
+
+def hybrid_pipeline(target: Target | None = None, precision: str = "fp32") -> tvm.transform.Pass:
     """Build the hybrid pipeline.
 
     Parameters
@@ -32,6 +35,9 @@ def hybrid_pipeline(target: Target | None = None) -> tvm.transform.Pass:
     target
         The CPU target. Defaults to the enclosing ``with target:`` scope (``tvm.compile`` opens
         one), else the host.
+    precision
+        ``"fp32"`` (default), or ``"bf16"``: GEMMs with constant weights compute in bf16 with
+        fp32 accumulation (AVX512-BF16), inputs and outputs stay fp32.
 
     Returns
     -------
@@ -44,7 +50,7 @@ def hybrid_pipeline(target: Target | None = None) -> tvm.transform.Pass:
         tgt = target or Target.current(allow_none=True) or host_target()
         with tgt:
             phases = [
-                *prepare_passes(tgt),
+                *prepare_passes(tgt, precision),
                 # Phase 4: schedule TIR: tuning records first, then expert templates, then the
                 # parallel+vectorize fallback; anything left keeps stock lowering.
                 *_apply_records(),
@@ -58,7 +64,7 @@ def hybrid_pipeline(target: Target | None = None) -> tvm.transform.Pass:
     return _pipeline
 
 
-def prepare_passes(target: Target) -> list[tvm.transform.Pass]:
+def prepare_passes(target: Target, precision: str = "fp32") -> list[tvm.transform.Pass]:
     """Phases 1-3: the passes before TIR scheduling.
 
     Their output's PrimFuncs are what the schedule rules see, hence the tuning tasks
@@ -72,7 +78,7 @@ def prepare_passes(target: Target) -> list[tvm.transform.Pass]:
         FoldQDQ(target),
         relax.transform.FoldConstant(),
         # Phase 2: graph passes (fusion patterns, weight prepacking, quantization).
-        *graph_passes(target),
+        *graph_passes(target, precision),
         # Phase 3: legalize to TIR and fuse producer/consumer chains into one kernel each.
         *cpu_generic.library_dispatch_passes(target),
         relax.transform.LegalizeOps(),
@@ -83,7 +89,7 @@ def prepare_passes(target: Target) -> list[tvm.transform.Pass]:
     ]
 
 
-def graph_passes(target: Target) -> list[tvm.transform.Pass]:
+def graph_passes(target: Target, precision: str = "fp32") -> list[tvm.transform.Pass]:
     """Relax-level rewrites run before legalization.
 
     Integer matmuls with constant 8-bit weights become u8 x s8 VNNI GEMMs, constant fp32
@@ -92,6 +98,7 @@ def graph_passes(target: Target) -> list[tvm.transform.Pass]:
     """
     return [
         IntegerGemmToVNNI(target),
+        PrepackBF16(target, convert_fp32=precision == "bf16"),
         PrepackConstantWeights(target),
         FuseGemmEpilogues(),
         FastMath(),

@@ -1,5 +1,6 @@
 """Relax graph passes of the hybrid pipeline (phase 2), one per module."""
 
+from .bf16 import PrepackBF16
 from .fast_math import FastMath
 from .fuse_epilogues import FuseGemmEpilogues
 from .integer_gemm import IntegerGemmToVNNI
@@ -11,5 +12,6 @@ __all__ = [
     "FoldQDQ",
     "FuseGemmEpilogues",
     "IntegerGemmToVNNI",
+    "PrepackBF16",
     "PrepackConstantWeights",
 ]

@@ -5,7 +5,9 @@ A covered block computes ``C[..., i, j] += A[..., i, k] * B[...]`` either
 * in fp32, with ``B`` read plainly, ``B[..., k, j]``, or in the packed layout of
   ``passes/prepack.py``, ``B[j // nr, k, j % nr]``; or
 * in int32 from ``u8`` ``A`` and ``s8`` ``B`` (``C += int32(A) * int32(B)``), with ``B`` in the
-  VNNI layout of ``passes/integer_gemm.py``, ``B[j // nr, k // 4, j % nr, k % 4]``.
+  VNNI layout of ``passes/integer_gemm.py``, ``B[j // nr, k // 4, j % nr, k % 4]``; or
+* in fp32 from bf16 ``A`` and ``B`` (``C += float32(A) * float32(B)``), with ``B`` packed in
+  pairs by ``passes/bf16.py``, ``B[j // nr, k // 2, j % nr, k % 2]``.
 
 Leading spatial axes are batch axes; the single reduction axis is ``k``.
 """
@@ -28,7 +30,7 @@ class GemmBlock:
     block: s_tir.schedule.SBlockRV
     shape: GemmShape
     packed_nr: int | None  # the panel width when B is prepacked, else None
-    dtype: str  # the dtype of A: "float32", or "uint8" for the VNNI int8 GEMM
+    dtype: str  # the dtype of A: "float32", "uint8" (VNNI int8 GEMM) or "bfloat16"
 
 
 def match_gemm(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> GemmBlock | None:
@@ -67,9 +69,10 @@ def match_gemm(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> GemmBlock
     if not isinstance(product, prim.Mul):
         return None
     loads = [product.a, product.b]
-    if out_dtype == "int32":
-        if not all(isinstance(x, prim.Cast) and str(x.ty.dtype) == "int32" for x in loads):
-            return None
+    widened = all(isinstance(x, prim.Cast) and str(x.ty.dtype) == out_dtype for x in loads)
+    if out_dtype == "int32" and not widened:
+        return None
+    if widened:
         loads = [x.value for x in loads]
     if not all(isinstance(x, ir_expr.TensorLoad) for x in loads):
         return None
@@ -87,6 +90,13 @@ def match_gemm(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> GemmBlock
         if packed_nr is None or (a_dtype, b_dtype) != ("uint8", "int8") or k_len % 4:
             return None
         return GemmBlock(block, GemmShape(batch, m, n, k_len, itemsize=1), packed_nr, "uint8")
+    if widened:  # bf16 operands, fp32 accumulation: B packed with K in pairs
+        packed_nr = _pair_width(b_load.indices, j, k)
+        a_dtype, b_dtype = str(a_load.source.dtype), str(b_load.source.dtype)
+        if packed_nr is None or (a_dtype, b_dtype) != ("bfloat16", "bfloat16") or k_len % 2:
+            return None
+        return GemmBlock(block, GemmShape(batch, m, n, k_len, itemsize=2), packed_nr,
+                         "bfloat16")
     packed_nr = _packed_width(b_load.indices, j, k)
     if packed_nr is None and not _ends_with(b_load.indices, [k, j]):
         return None
@@ -103,13 +113,18 @@ def _ends_with(indices, variables) -> bool:
     return all(a.same_as(b) for a, b in zip(list(indices)[-len(variables):], variables))
 
 
-def _vnni_width(indices, j, k) -> int | None:
-    """``nr`` if ``indices`` are ``[j // nr, k // 4, j % nr, k % 4]``, else None."""
+def _vnni_width(indices, j, k, group: int = 4) -> int | None:
+    """``nr`` if ``indices`` are ``[j // nr, k // group, j % nr, k % group]``, else None."""
     if len(indices) != 4:
         return None
     nr = _div_mod_pair(indices[0], indices[2], j)
-    group = _div_mod_pair(indices[1], indices[3], k)
-    return nr if group == 4 else None
+    found = _div_mod_pair(indices[1], indices[3], k)
+    return nr if found == group else None
+
+
+def _pair_width(indices, j, k) -> int | None:
+    """``nr`` if ``indices`` are ``[j // nr, k // 2, j % nr, k % 2]`` (bf16 pairs)."""
+    return _vnni_width(indices, j, k, group=2)
 
 
 def _div_mod_pair(outer, inner, var) -> int | None:

@@ -31,6 +31,7 @@ from ..heuristics import GemmKnobs, choose_knobs
 from ..host import cache_sizes
 from ..microkernels import (
     Microkernel,
+    bf16_microkernels,
     fp32_microkernels,
     int8_microkernels,
     microkernels_for,
@@ -83,7 +84,8 @@ def apply_template(
     """
     if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
         return None
-    if not (fp32_microkernels(target) or int8_microkernels(target)):
+    if not (fp32_microkernels(target) or int8_microkernels(target)
+            or bf16_microkernels(target)):
         return None
     sch = sch if sch is not None else s_tir.Schedule(func)
     used: list[GemmKnobs] = []

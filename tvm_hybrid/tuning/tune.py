@@ -66,7 +66,7 @@ class Task:
 
 
 def extract_tasks(model, target: Target, *, input_shapes=None, params=None,
-                  others: bool = False) -> list[Task]:
+                  others: bool = False, precision: str = "fp32") -> list[Task]:
     """The kernels of ``model`` to tune, after the hybrid pipeline's fusion phases.
 
     Those the GEMM template covers come first; with ``others``, the remaining kernels follow
@@ -79,7 +79,7 @@ def extract_tasks(model, target: Target, *, input_shapes=None, params=None,
     try:
         with warnings.catch_warnings(), target:
             warnings.simplefilter("ignore")
-            prepared = tvm.transform.Sequential(prepare_passes(target))(mod)
+            prepared = tvm.transform.Sequential(prepare_passes(target, precision))(mod)
             extracted = ms.relax_integration.extract_tasks(prepared, target)
     except TVMHybridError:
         raise
@@ -139,6 +139,7 @@ def tune(
     seed: int = 0,
     resume: bool = True,
     progress: bool = True,
+    precision: str = "fp32",
 ) -> Path:
     """Tune the template knobs of ``model``'s kernels; return the path of the records file.
 
@@ -180,6 +181,8 @@ def tune(
         Continue from the records already in ``output`` (same target) instead of starting over.
     progress
         Show a progress bar (tasks, trials, best so far) on stderr.
+    precision
+        The precision mode the records are for (as for :func:`tvm_hybrid.compile`).
 
     Returns
     -------
@@ -196,11 +199,14 @@ def tune(
         raise ValueError("rpc measurement is supported with search='neighbourhood' and "
                          "others='skip'")
     tgt = make_target(target)
+    from ..compiler import check_precision
+
+    check_precision(precision, tgt)
     work_dir = Path(work_dir)
     path = Path(output) if output is not None else work_dir / RECORDS_NAME
     source = str(model) if isinstance(model, (str, os.PathLike)) else "<model>"
     tasks = extract_tasks(model, tgt, input_shapes=input_shapes, params=params,
-                          others=others == "metaschedule")
+                          others=others == "metaschedule", precision=precision)
     records = _start_records(path, tgt, source, resume)
     if not tasks:
         logger.warning("%s: no kernel is covered by a template; nothing to tune", source)
