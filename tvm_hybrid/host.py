@@ -177,6 +177,37 @@ def uses_amx(target: Target) -> bool:
     return any(f in target_features(target) for f in _AMX_FEATURES)
 
 
+_ARCH_GET_XCOMP_PERM, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 0x1022, 0x1023, 18
+_SYS_ARCH_PRCTL = 158
+_TILE_PERMISSION: list[bool] = []
+
+
+def request_amx_permission() -> bool:
+    """Ask Linux (once per process) for permission to use AMX tile data (XTILEDATA).
+
+    Linux 5.16+ requires ``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`` before a
+    thread executes tile instructions; without it the first ``ldtilecfg`` faults. Returns
+    whether permission is held (False on CPUs or kernels without AMX).
+    """
+    if _TILE_PERMISSION:
+        return _TILE_PERMISSION[0]
+    granted = False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        mask = ctypes.c_uint64(0)
+        if libc.syscall(_SYS_ARCH_PRCTL, _ARCH_GET_XCOMP_PERM, ctypes.byref(mask)) == 0:
+            granted = bool(mask.value & (1 << _XFEATURE_XTILEDATA))
+            if not granted:
+                granted = libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM,
+                                       _XFEATURE_XTILEDATA) == 0
+    except (OSError, AttributeError):
+        granted = False
+    _TILE_PERMISSION.append(granted)
+    return granted
+
+
 def check_runnable_here(target: Target) -> None:
     """Raise :class:`TargetError` if code built for ``target`` would fault on this CPU.
 
@@ -184,6 +215,8 @@ def check_runnable_here(target: Target) -> None:
     ends in SIGILL, or for AMX in an LLVM abort of the whole process, so we refuse up front.
     """
     missing = sorted(isa_feature for isa_feature in _isa_features(target) - host_features())
+    if not missing and uses_amx(target) and not request_amx_permission():
+        missing = ["amx-tile (Linux refused the XTILEDATA permission)"]
     if missing:
         raise TargetError(
             f"this model was compiled for mcpu={target.attrs.get('mcpu')!s}, which uses "

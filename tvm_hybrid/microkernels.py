@@ -46,6 +46,9 @@ class Microkernel:
         Vector registers the ISA has (32 zmm with AVX-512, 16 ymm with AVX2).
     k_step
         Reduction elements consumed per FMA (1 for fp32; 4 for VNNI int8, 2 for bf16).
+    panel
+        Width of the packed ``B`` panels when it differs from ``nr`` (AMX: 16-column tiles,
+        two per 32-column register tile); 0 means ``nr``.
     """
 
     isa: str
@@ -57,6 +60,7 @@ class Microkernel:
     vector_bits: int
     num_registers: int
     k_step: int = 1
+    panel: int = 0
 
     @property
     def lanes(self) -> int:
@@ -64,8 +68,23 @@ class Microkernel:
         return self.vector_bits // DataType(self.acc_dtype).bits
 
     @property
+    def panel_width(self) -> int:
+        """Columns per packed ``B`` panel."""
+        return self.panel or self.nr
+
+    @property
+    def is_amx(self) -> bool:
+        return self.isa.startswith("amx")
+
+    @property
     def registers_used(self) -> int:
-        """Accumulators, plus the ``B`` row vectors, plus one broadcast of ``A``."""
+        """Accumulators, plus the ``B`` row vectors, plus one broadcast of ``A``.
+
+        For AMX: ``C`` tiles plus the ``A`` and ``B`` tiles feeding them (8 tile registers).
+        """
+        if self.is_amx:
+            rows, cols = self.mr // 16, self.nr // 16
+            return rows * cols + rows + cols
         return self.mr * self.nr // self.lanes + self.nr // self.lanes + 1
 
     @property
@@ -130,8 +149,41 @@ declare <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float>, <32 x bfloa
 """
 
 
+#: AMX: 2 x 2 tiles of 16 x 16 accumulators (a 32 x 32 register tile) in 8 tile registers, fed
+#: by 2 tiles of ``A`` (16 rows x 64 bytes) and 2 of ``B`` (16-column panels, ``K`` in groups of
+#: 4 bytes). ``tdpbusd`` (u8 x s8 -> s32) and ``tdpbf16ps`` (bf16 -> fp32). The intrinsic covers a
+#: whole block of register tiles and configures the tiles once for it (``amx_tensor_intrin``).
+AMX_INT8 = Microkernel("amx", ("amx-tile", "amx-int8"), "uint8", "int32", 32, 32, 512, 8, 4, 16)
+AMX_BF16 = Microkernel("amx", ("amx-tile", "amx-bf16"), "bfloat16", "float32", 32, 32, 512, 8, 2,
+                       16)
+#: ``K`` per AMX tile step: 64 bytes per tile row.
+AMX_K_STEP = {"uint8": 64, "bfloat16": 32}
+
+
+def amx_microkernels(target: Target, in_dtype: str) -> list[Microkernel]:
+    """The AMX microkernel for ``in_dtype`` if ``target`` has its AMX features, else ``[]``."""
+    features = target_features(target)
+    kernel = {"uint8": AMX_INT8, "bfloat16": AMX_BF16}.get(in_dtype)
+    if kernel is None or not all(f in features for f in kernel.features):
+        return []
+    return [kernel]
+
+
+def panel_for(target: Target, in_dtype: str, m: int, n: int, k: int) -> int | None:
+    """Panel width to pack ``B`` with for an ``m x n x k`` GEMM, or None if no kernel fits.
+
+    AMX (16-column panels) when the target has it and the shape is a whole number of AMX tiles
+    (``m``, ``n`` multiples of 32, ``k`` of the tile step); else the vector family's ``nr``.
+    """
+    amx = amx_microkernels(target, in_dtype)
+    if amx and m % 32 == 0 and n % 32 == 0 and k % AMX_K_STEP[in_dtype] == 0:
+        return amx[0].panel_width
+    family = microkernels_for(target, in_dtype, include_amx=False)
+    return family[0].nr if family else None
+
+
 def bf16_microkernels(target: Target) -> list[Microkernel]:
-    """The bf16 microkernels ``target`` can run, or ``[]``."""
+    """The bf16 vector microkernels ``target`` can run, or ``[]``."""
     features = target_features(target)
     for family in BF16_MICROKERNELS.values():
         if all(f in features for f in family[0].features):
@@ -148,14 +200,16 @@ def int8_microkernels(target: Target) -> list[Microkernel]:
     return []
 
 
-def microkernels_for(target: Target, in_dtype: str) -> list[Microkernel]:
-    """The microkernels of ``target`` for GEMMs on ``in_dtype`` operands."""
+def microkernels_for(target: Target, in_dtype: str, include_amx: bool = True
+                     ) -> list[Microkernel]:
+    """The microkernels of ``target`` for GEMMs on ``in_dtype`` operands (AMX first)."""
+    amx = amx_microkernels(target, in_dtype) if include_amx else []
     if in_dtype == "float32":
         return fp32_microkernels(target)
     if in_dtype == "uint8":
-        return int8_microkernels(target)
+        return amx + int8_microkernels(target)
     if in_dtype == "bfloat16":
-        return bf16_microkernels(target)
+        return amx + bf16_microkernels(target)
     return []
 
 
@@ -168,7 +222,7 @@ def microkernel_by_name(name: str) -> Microkernel:
         When no microkernel has that name.
     """
     for family in [*FP32_MICROKERNELS.values(), *INT8_MICROKERNELS.values(),
-                   *BF16_MICROKERNELS.values()]:
+                   *BF16_MICROKERNELS.values(), [AMX_INT8, AMX_BF16]]:
         for kernel in family:
             if kernel.name == name:
                 return kernel
@@ -186,14 +240,19 @@ def ensure_tensor_intrin(intrin_name: str) -> bool:
     bool
         True when ``intrin_name`` is a tvm_hybrid microkernel intrinsic (now registered).
     """
-    found = re.fullmatch(r"(hybrid_gemm_\w+)_k(\d+)", intrin_name)
+    found = re.fullmatch(r"(hybrid_gemm_\w+?)(?:_b(\d+)x(\d+))?_k(\d+)", intrin_name)
     if not found:
         return False
     try:
         kernel = microkernel_by_name(found.group(1))
     except KeyError:
         return False
-    tensor_intrin(kernel, int(found.group(2)))
+    if kernel.is_amx:
+        if found.group(2) is None:
+            return False
+        amx_tensor_intrin(kernel, int(found.group(2)), int(found.group(3)), int(found.group(4)))
+    else:
+        tensor_intrin(kernel, int(found.group(4)))
     return True
 
 
@@ -217,6 +276,24 @@ def tensor_intrin(kernel: Microkernel, k: int) -> str:
         The reduction length covered by one call (the whole ``K`` of a GEMM, any value).
     """
     return _register(kernel, int(k))
+
+
+def amx_tensor_intrin(kernel: Microkernel, mb: int, nb: int, k: int) -> str:
+    """Register (once) and return the AMX intrinsic for an ``mb x nb`` block over ``k``.
+
+    The block is a whole number of 32 x 32 register tiles. Its implementation configures the
+    tiles once (``ldtilecfg``), runs every register tile of the block over the whole ``K``
+    (``tileloadd``, ``tdpbusd``/``tdpbf16ps``, ``tilestored``) and releases the tiles.
+    """
+    return _register_amx(kernel, int(mb), int(nb), int(k))
+
+
+@functools.cache
+def _register_amx(kernel: Microkernel, mb: int, nb: int, k: int) -> str:
+    name = f"{kernel.name}_b{mb}x{nb}_k{k}"
+    desc, impl = _amx_block_functions(kernel.in_dtype, mb, nb, k)
+    s_tir.TensorIntrin.register(name, desc, impl, override=True)
+    return name
 
 
 @functools.cache
@@ -432,3 +509,86 @@ def _bf16_tile_functions(mr: int, nr: int, kc: int, lanes: int):
                                           dtype=f"int32x{lanes}"))
 
     return (desc_one_row if mr == 1 else desc), impl
+
+
+def _amx_block_functions(in_dtype: str, mb: int, nb: int, kc: int):
+    """``C[mb, nb] += A[mb, kc] * B[nb / 16, kc / g, 16, g]`` on AMX tiles (see the intrinsic)."""
+    int8 = in_dtype == "uint8"
+    group = 4 if int8 else 2
+    b_dtype, acc = ("int8", "int32") if int8 else ("bfloat16", "float32")
+    step = AMX_K_STEP[in_dtype]
+    if mb % 32 or nb % 32 or kc % step:
+        raise ValueError(f"AMX blocks need mb, nb multiples of 32 and K of {step}; got "
+                         f"{mb}x{nb}, K = {kc}")
+    dot = "llvm.x86.tdpbusd" if int8 else "llvm.x86.tdpbf16ps"
+    panels, rows, esize = nb // 16, kc // group, 1 if int8 else 2
+    m_tiles, n_tiles, k_tiles = mb // 32, nb // 32, kc // step
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, b: T.handle, c: T.handle):
+        lda = T.int32()
+        ldb = T.int32()
+        ldc = T.int32()
+        A = T.match_buffer(a, (mb, kc), in_dtype, offset_factor=1, strides=[lda, 1])
+        B = T.match_buffer(b, (panels, rows, 16, group), b_dtype, offset_factor=1,
+                           strides=[ldb, 16 * group, group, 1])
+        C = T.match_buffer(c, (mb, nb), acc, offset_factor=1, strides=[ldc, 1], scope="local")
+        with T.sblock("root"):
+            T.reads(C[0:mb, 0:nb], A[0:mb, 0:kc], B[0:panels, 0:rows, 0:16, 0:group])
+            T.writes(C[0:mb, 0:nb])
+            for i, j, kk in T.grid(mb, nb, kc):
+                with T.sblock("update"):
+                    vi, vj, vk = T.axis.remap("SSR", [i, j, kk])
+                    C[vi, vj] = C[vi, vj] + T.Cast(acc, A[vi, vk]) * T.Cast(
+                        acc, B[vj // 16, vk // group, vj % 16, vk % group])
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle):
+        lda = T.int32()
+        ldb = T.int32()
+        ldc = T.int32()
+        A = T.match_buffer(a, (mb, kc), in_dtype, offset_factor=1, strides=[lda, 1])
+        B = T.match_buffer(b, (panels, rows, 16, group), b_dtype, offset_factor=1,
+                           strides=[ldb, 16 * group, group, 1])
+        C = T.match_buffer(c, (mb, nb), acc, offset_factor=1, strides=[ldc, 1], scope="local")
+        with T.sblock("root"):
+            T.reads(C[0:mb, 0:nb], A[0:mb, 0:kc], B[0:panels, 0:rows, 0:16, 0:group])
+            T.writes(C[0:mb, 0:nb])
+            # Tile configuration, once for the whole block: palette 1, 8 tiles of 16 rows x 64
+            # bytes (bytes 16 + 2t: columns in bytes of tile t; byte 48 + t: its rows).
+            cfg = T.alloc_buffer((64,), "uint8", scope="local")
+            for z in range(64):
+                cfg[z] = T.uint8(0)
+            cfg[0] = T.uint8(1)
+            for t in range(8):
+                cfg[16 + 2 * t] = T.uint8(64)
+                cfg[48 + t] = T.uint8(16)
+            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.ldtilecfg", T.address_of(cfg[0])))
+            for mt, nt in T.grid(m_tiles, n_tiles):
+                for ct in T.unroll(4):  # C tiles 0-3: (row half, column half)
+                    T.evaluate(T.call_llvm_intrin(
+                        "void", "llvm.x86.tileloadd64", T.Cast("int8", ct),
+                        T.address_of(C[mt * 32 + ct // 2 * 16, nt * 32 + ct % 2 * 16]),
+                        T.Cast("int64", ldc * 4)))
+                for kt in range(k_tiles):
+                    for at in T.unroll(2):  # A tiles 4, 5: the two 16-row halves
+                        T.evaluate(T.call_llvm_intrin(
+                            "void", "llvm.x86.tileloadd64", T.Cast("int8", 4 + at),
+                            T.address_of(A[mt * 32 + at * 16, kt * step]),
+                            T.Cast("int64", lda * esize)))
+                    for bt in T.unroll(2):  # B tiles 6, 7: the two 16-column panels
+                        T.evaluate(T.call_llvm_intrin(
+                            "void", "llvm.x86.tileloadd64", T.Cast("int8", 6 + bt),
+                            T.address_of(B[nt * 2 + bt, kt * 16, 0, 0]), T.int64(64)))
+                    for ct in T.unroll(4):
+                        T.evaluate(T.call_llvm_intrin(
+                            "void", dot, T.Cast("int8", ct), T.Cast("int8", 4 + ct // 2),
+                            T.Cast("int8", 6 + ct % 2)))
+                for ct in T.unroll(4):
+                    T.evaluate(T.call_llvm_intrin(
+                        "void", "llvm.x86.tilestored64", T.Cast("int8", ct),
+                        T.address_of(C[mt * 32 + ct // 2 * 16, nt * 32 + ct % 2 * 16]),
+                        T.Cast("int64", ldc * 4)))
+            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilerelease"))
+
+    return desc, impl

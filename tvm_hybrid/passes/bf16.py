@@ -23,7 +23,7 @@ from tvm import relax, te
 from tvm.ir.prim.expr import IntImm
 from tvm.target import Target
 
-from ..microkernels import bf16_microkernels
+from ..microkernels import microkernels_for, panel_for
 
 BF16_PACKED_MATMUL = "hybrid_bf16_packed_matmul"
 
@@ -70,14 +70,13 @@ class PrepackBF16:
     """
 
     def __init__(self, target: Target, convert_fp32: bool = False):
-        kernels = bf16_microkernels(target)
-        self.nr = kernels[0].nr if kernels else None
+        self.target = target
         self.convert_fp32 = convert_fp32
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        if self.nr is None:
+        if not microkernels_for(self.target, "bfloat16"):
             return mod
-        rewriter = _Rewriter(mod, self.nr, self.convert_fp32)
+        rewriter = _Rewriter(mod, self.target, self.convert_fp32)
         for gvar, func in list(mod.functions.items()):
             if isinstance(func, relax.Function):
                 rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
@@ -86,9 +85,9 @@ class PrepackBF16:
 
 @relax.expr_functor.mutator
 class _Rewriter(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, nr: int, convert_fp32: bool):
+    def __init__(self, mod: tvm.IRModule, target: Target, convert_fp32: bool):
         super().__init__(mod)
-        self.nr = nr
+        self.target = target
         self.dtypes = ("bfloat16", "float32") if convert_fp32 else ("bfloat16",)
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
@@ -111,11 +110,14 @@ class _Rewriter(relax.PyExprMutator):
             return call
         array = weight.value.numpy()
         k, n = array.shape
+        nr = panel_for(self.target, "bfloat16", int(x_ty.shape.values[-2]), n, k + k % 2)
+        if nr is None:
+            return call
         if dtype == "float32":
             x = self.builder_.emit(relax.op.astype(x, "bfloat16"))
         if k % 2:
             x = self.builder_.emit(relax.op.nn.pad(x, [0, 0] * (x_ty.ndim - 1) + [0, 1]))
         out_dtype = str(call.ty.dtype)
-        packed = relax.const(pack_weight_bf16(array, self.nr))
+        packed = relax.const(pack_weight_bf16(array, nr))
         return self.builder_.call_te(bf16_packed_matmul, x, packed, int(n), out_dtype,
                                      primfunc_name_hint=BF16_PACKED_MATMUL)

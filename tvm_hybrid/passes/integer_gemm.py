@@ -26,7 +26,7 @@ from tvm import relax, te
 from tvm.ir.prim.expr import IntImm
 from tvm.target import Target
 
-from ..microkernels import int8_microkernels
+from ..microkernels import microkernels_for, panel_for
 
 INT8_PACKED_MATMUL = "hybrid_int8_packed_matmul"
 
@@ -66,13 +66,12 @@ class IntegerGemmToVNNI:
     """Rewrite int32 matmuls of 8-bit data with constant 8-bit weights to the VNNI GEMM."""
 
     def __init__(self, target: Target):
-        kernels = int8_microkernels(target)
-        self.nr = kernels[0].nr if kernels else None
+        self.target = target
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        if self.nr is None:
+        if not microkernels_for(self.target, "uint8"):
             return mod
-        rewriter = _Rewriter(mod, self.nr)
+        rewriter = _Rewriter(mod, self.target)
         for gvar, func in list(mod.functions.items()):
             if isinstance(func, relax.Function):
                 rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
@@ -81,9 +80,9 @@ class IntegerGemmToVNNI:
 
 @relax.expr_functor.mutator
 class _Rewriter(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, nr: int):
+    def __init__(self, mod: tvm.IRModule, target: Target):
         super().__init__(mod)
-        self.nr = nr
+        self.target = target
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = self.visit_expr_post_order(call)
@@ -94,6 +93,9 @@ class _Rewriter(relax.PyExprMutator):
         if matched is None:
             return call
         x, zero_point, w32 = matched
+        nr = panel_for(self.target, "uint8", int(x.ty.shape.values[-2]), *w32.shape[::-1])
+        if nr is None:
+            return call
         if str(x.ty.dtype) == "int8":  # VNNI takes unsigned A: shift by 128
             shifted = relax.op.add(relax.op.astype(x, "int32"), relax.const(128, "int32"))
             x = self.builder_.emit(relax.op.astype(shifted, "uint8"))
@@ -102,7 +104,7 @@ class _Rewriter(relax.PyExprMutator):
         compensation = zero_point * columns
         if np.abs(compensation).max(initial=0) >= 2**31:
             return call
-        packed = relax.const(pack_weight_vnni(w32.astype(np.int8), self.nr))
+        packed = relax.const(pack_weight_vnni(w32.astype(np.int8), nr))
         comp = relax.const(compensation.astype(np.int32))
         return self.builder_.call_te(int8_packed_matmul, x, packed, comp, int(w32.shape[1]),
                                      primfunc_name_hint=INT8_PACKED_MATMUL)

@@ -31,7 +31,7 @@ from tvm import relax, te
 from tvm.ir.prim.expr import IntImm
 from tvm.target import Target
 
-from ..microkernels import int8_microkernels
+from ..microkernels import microkernels_for, panel_for
 from .integer_gemm import INT8_PACKED_MATMUL, int8_packed_matmul, pack_weight_vnni
 
 REQUANTIZE = "hybrid_requantize"
@@ -86,13 +86,12 @@ class FoldQDQ:
     """Rewrite QDQ GEMMs (and their requantization) to the int8 VNNI GEMM."""
 
     def __init__(self, target: Target):
-        kernels = int8_microkernels(target)
-        self.nr = kernels[0].nr if kernels else None
+        self.target = target
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        if self.nr is None:
+        if not microkernels_for(self.target, "uint8"):
             return mod
-        rewriter = _Rewriter(mod, self.nr)
+        rewriter = _Rewriter(mod, self.target)
         for gvar, func in list(mod.functions.items()):
             if isinstance(func, relax.Function):
                 rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
@@ -101,9 +100,9 @@ class FoldQDQ:
 
 @relax.expr_functor.mutator
 class _Rewriter(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, nr: int):
+    def __init__(self, mod: tvm.IRModule, target: Target):
         super().__init__(mod)
-        self.nr = nr
+        self.target = target
         # Output var of a dequantized int8 GEMM -> (acc var, sx * sw per channel).
         self.gemms: dict = {}
 
@@ -155,8 +154,11 @@ class _Rewriter(relax.PyExprMutator):
             pad = 4 - k % 4
             w32 = np.concatenate([w32, np.zeros((pad, n), w32.dtype)])
             x = self.builder_.emit(relax.op.nn.pad(x, [0, 0] * (x_ty.ndim - 1) + [0, pad]))
+        nr = panel_for(self.target, "uint8", int(x_ty.shape.values[-2]), n, w32.shape[0])
+        if nr is None:
+            return None
         acc = self.builder_.emit(self.builder_.call_te(
-            int8_packed_matmul, x, relax.const(pack_weight_vnni(w32.astype(np.int8), self.nr)),
+            int8_packed_matmul, x, relax.const(pack_weight_vnni(w32.astype(np.int8), nr)),
             relax.const(compensation.astype(np.int32)), n,
             primfunc_name_hint=INT8_PACKED_MATMUL))
         scale = (np.float32(sx.reshape(())) * np.broadcast_to(sw.reshape(-1), (n,))).astype(

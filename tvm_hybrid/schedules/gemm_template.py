@@ -28,9 +28,11 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
 from ..heuristics import GemmKnobs, choose_knobs
-from ..host import cache_sizes
+from ..host import cache_sizes, target_features
 from ..microkernels import (
+    AMX_K_STEP,
     Microkernel,
+    amx_tensor_intrin,
     bf16_microkernels,
     fp32_microkernels,
     int8_microkernels,
@@ -98,6 +100,12 @@ def apply_template(
             chosen = knobs_for(gemm, target) if knobs is None else knobs[index]
             if chosen is None:
                 continue
+            if not set(chosen.kernel.features) <= target_features(target):
+                # Never lower a microkernel the target lacks (AMX on a non-AMX CPU aborts
+                # LLVM): knobs from elsewhere (records, a caller) are declined here.
+                logger.warning("microkernel %s needs %s, which the target lacks; declined",
+                               chosen.kernel.name, "/".join(chosen.kernel.features))
+                return None
             done.add(sch.get(gemm.block).name_hint)
             tile_loop = schedule_gemm(sch, gemm, chosen)
             done.update(sch.get(b).name_hint for b in sch.get_child_blocks(tile_loop))
@@ -126,7 +134,8 @@ def candidate_kernels(gemm: GemmBlock, target: Target) -> list[Microkernel]:
     """Microkernels that tile ``gemm`` with no tail (what a tuner may choose from)."""
     kernels = microkernels_for(target, gemm.dtype)
     if gemm.packed_nr is not None:
-        kernels = [k for k in kernels if k.nr == gemm.packed_nr]
+        kernels = [k for k in kernels if k.panel_width == gemm.packed_nr]
+    kernels = [k for k in kernels if not k.is_amx or gemm.shape.k % AMX_K_STEP[k.in_dtype] == 0]
     return [k for k in kernels if gemm.shape.m % k.mr == 0 and gemm.shape.n % k.nr == 0]
 
 
@@ -157,6 +166,8 @@ def knobs_for(gemm: GemmBlock, target: Target) -> GemmKnobs | None:
 
 def schedule_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
     """Apply the template to ``gemm`` with ``knobs``; return the loop of one register tile."""
+    if knobs.kernel.is_amx:
+        return schedule_amx_gemm(sch, gemm, knobs)
     kernel = knobs.kernel
     block = gemm.block
     *batch, i, j, k = sch.get_loops(block)
@@ -195,6 +206,44 @@ def schedule_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
                  f"{kernel.isa} {kernel.mr}x{kernel.nr} microkernel, order {knobs.order}, "
                  f"K={gemm.shape.k}")
     return tile
+
+
+def schedule_amx_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
+    """The template with the AMX microkernel; return the loop of one block.
+
+    AMX state (the tile configuration) is per thread, so the microkernel covers a whole block:
+    parallel over (batch, M blocks, N blocks), one tensorized call per block that configures
+    the tiles once and runs all its 32 x 32 register tiles over the whole ``K``, then the
+    epilogue over the block's accumulators.
+    """
+    kernel = knobs.kernel
+    block = gemm.block
+    *batch, i, j, k = sch.get_loops(block)
+    rows, cols = knobs.m_block * kernel.mr, knobs.n_block * kernel.nr
+    m_tiles, n_tiles = gemm.shape.m // kernel.mr, gemm.shape.n // kernel.nr
+    m_split = sch.sample_perfect_tile(
+        i, n=2, max_innermost_factor=gemm.shape.m,
+        decision=[m_tiles // knobs.m_block, rows])
+    n_split = sch.sample_perfect_tile(
+        j, n=2, max_innermost_factor=gemm.shape.n,
+        decision=[n_tiles // knobs.n_block, cols])
+    io, ii = sch.split(i, m_split)
+    jo, ji = sch.split(j, n_split)
+    sch.reorder(*batch, io, jo, ii, ji, k)
+    blocks = sch.fuse(*batch, io, jo, preserve_unit_iters=True)
+    sch.parallel(blocks)
+    acc = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(acc, blocks, preserve_unit_loops=True)
+    _attach_epilogue(sch, acc, blocks)
+    sch.decompose_reduction(block, ii)
+    update = sch.get(block).name_hint
+    for child in sch.get_child_blocks(blocks):
+        if sch.get(child).name_hint != update:
+            _vectorize_innermost(sch, child)
+    sch.tensorize(ii, amx_tensor_intrin(kernel, rows, cols, gemm.shape.k))
+    sch.annotate(blocks, TEMPLATE_ANNOTATION,
+                 f"amx {kernel.in_dtype} 32x32 tiles per block, K={gemm.shape.k}")
+    return blocks
 
 
 def _attach_epilogue(sch: s_tir.Schedule, producer, tile_loop) -> None:

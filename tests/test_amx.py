@@ -1,0 +1,155 @@
+"""AMX microkernels (int8 tdpbusd, bf16 tdpbf16ps): assembly, selection, safety, numerics.
+
+This machine class (AMD Zen) has no AMX: code for ``mcpu=sapphirerapids`` is compiled and its
+assembly inspected, never run. The numeric test runs only where the CPU has AMX (and Linux
+grants the tile permission); ``python/tools/amx_bundle.py`` packs it for such a host.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tvm
+
+import tvm_hybrid
+from tvm_hybrid import workloads
+from tvm_hybrid.host import host_features, make_target, request_amx_permission
+from tvm_hybrid.microkernels import AMX_BF16, AMX_INT8, amx_microkernels, ensure_tensor_intrin
+
+SPR = {"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 4}
+
+
+def _asm(model) -> str:
+    return model.inspect_source("asm")
+
+
+def _template_notes(model) -> list[str]:
+    return [m for f in model.lowered.functions.values() if isinstance(f, tvm.tirx.PrimFunc)
+            for m in re.findall(r'"hybrid.gemm_template": "([^"]+)"', f.script())]
+
+
+def test_amx_is_selected_only_with_amx_features():
+    assert amx_microkernels(make_target(SPR), "uint8") == [AMX_INT8]
+    assert amx_microkernels(make_target(SPR), "bfloat16") == [AMX_BF16]
+    for mcpu in ("znver5", "icelake-server", "cooperlake"):
+        assert amx_microkernels(make_target({"kind": "llvm", "mcpu": mcpu}), "uint8") == []
+    assert AMX_INT8.registers_used == 8 and AMX_INT8.fits_registers()
+
+
+def test_amx_int8_assembly():
+    wl = workloads.matmul_integer(128, 128, 256)
+    model = tvm_hybrid.compile(wl.model, SPR)
+    asm = _asm(model)
+    for instruction in ("ldtilecfg", "tileloadd", "tdpbusd", "tilestored", "tilerelease"):
+        assert instruction in asm, instruction
+    # One tile configuration per kernel (per block), not per 32x32 tile.
+    assert asm.count("ldtilecfg") == 1
+    assert asm.count("tdpbusd") >= 4
+    assert any(note.startswith("amx uint8") for note in _template_notes(model))
+
+
+def test_amx_bf16_assembly():
+    wl = workloads.gemm(64, 128, 256)
+    model = tvm_hybrid.compile(wl.model, SPR, precision="bf16")
+    asm = _asm(model)
+    for instruction in ("ldtilecfg", "tileloadd", "tdpbf16ps", "tilestored", "tilerelease"):
+        assert instruction in asm, instruction
+    assert "vdpbf16ps" not in asm
+
+
+def test_amx_qdq_mlp_assembly():
+    wl = workloads.qdq_mlp(32, (256, 128, 64))
+    assert "tdpbusd" in _asm(tvm_hybrid.compile(wl.model, SPR))
+
+
+def test_shapes_amx_cannot_tile_use_vnni_on_an_amx_target():
+    wl = workloads.matmul_integer(7, 48, 40)  # M, N not multiples of 32, K not of 64
+    asm = _asm(tvm_hybrid.compile(wl.model, SPR))
+    assert "tdpbusd" not in asm and "vpdpbusd" in asm
+
+
+def test_amx_intrinsic_names_round_trip():
+    assert ensure_tensor_intrin(f"{AMX_INT8.name}_b64x64_k128")
+    assert not ensure_tensor_intrin(f"{AMX_INT8.name}_k128")  # AMX names carry the block
+
+
+def test_nothing_amx_is_lowered_for_a_non_amx_target():
+    """In a subprocess, since LLVM aborts the whole process if AMX reaches a non-AMX target.
+
+    Forcing AMX knobs onto a Zen 5 target is declined (the template falls back), a model
+    compiled for Zen 5 has no tile instructions, and running code compiled for Sapphire Rapids
+    on a CPU without AMX is refused with TargetError.
+    """
+    script = textwrap.dedent("""
+        import numpy as np, tvm
+        import tvm_hybrid
+        from tvm_hybrid import workloads
+        from tvm_hybrid.heuristics import GemmKnobs
+        from tvm_hybrid.host import host_features, make_target
+        from tvm_hybrid.microkernels import AMX_INT8
+        from tvm_hybrid.schedules.gemm_template import apply_template, template_gemms
+        from tvm_hybrid.tuning import extract_tasks
+
+        spr = {"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2}
+        zen = make_target({"kind": "llvm", "mcpu": "znver5", "num-cores": 2})
+        wl = workloads.matmul_integer(64, 64, 128)
+        (task,) = extract_tasks(wl.model, make_target(spr))   # packed for AMX
+        func = task.mod["main"]
+        assert template_gemms(func, make_target(spr))
+        forced = apply_template(func, zen, [GemmKnobs(AMX_INT8, 1, 1)])
+        assert forced is None, "AMX knobs must be declined for a non-AMX target"
+        model = tvm_hybrid.compile(wl.model, zen)
+        asm = model.inspect_source("asm")
+        assert "tdpbusd" not in asm and "ldtilecfg" not in asm
+        np.testing.assert_array_equal(model(**wl.inputs),
+                                      workloads.matmul_integer_reference(wl))
+        if "amx-tile" not in host_features():
+            amx_model = tvm_hybrid.compile(wl.model, spr)
+            try:
+                amx_model(**wl.inputs)
+            except tvm_hybrid.TargetError as err:
+                print("refused:", err)
+            else:
+                raise AssertionError("AMX code ran on a CPU without AMX")
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert out.stdout.strip().endswith("ok")
+    if "amx-tile" not in host_features():
+        assert "refused:" in out.stdout and "amx" in out.stdout
+
+
+needs_amx = pytest.mark.skipif(
+    "amx-tile" not in host_features() or not request_amx_permission(),
+    reason="needs a CPU with AMX (and Linux's XTILEDATA permission) to run AMX code")
+
+
+@needs_amx
+@pytest.mark.parametrize("m, n, k", [(64, 64, 128), (256, 512, 1024), (32, 96, 64)])
+def test_amx_int8_numerics(m, n, k):
+    wl = workloads.matmul_integer(m, n, k, activations="int8", zero_point=-3)
+    model = tvm_hybrid.compile(wl.model)  # host target: AMX selected
+    assert "tdpbusd" in _asm(model)
+    np.testing.assert_array_equal(model(**wl.inputs), workloads.matmul_integer_reference(wl))
+
+
+@needs_amx
+def test_amx_bf16_numerics():
+    import ml_dtypes
+    from onnx import numpy_helper
+
+    wl = workloads.gemm(128, 128, 256)
+    model = tvm_hybrid.compile(wl.model, precision="bf16")
+    assert "tdpbf16ps" in _asm(model)
+    x = wl.inputs["a"]
+    w = numpy_helper.to_array(wl.model.graph.initializer[0])
+    want = (x.astype(ml_dtypes.bfloat16).astype(np.float64)
+            @ w.astype(ml_dtypes.bfloat16).astype(np.float64))
+    np.testing.assert_allclose(model(x), want, atol=1e-5 * np.abs(want).max(), rtol=0)
