@@ -153,3 +153,16 @@ def test_amx_bf16_numerics():
     want = (x.astype(ml_dtypes.bfloat16).astype(np.float64)
             @ w.astype(ml_dtypes.bfloat16).astype(np.float64))
     np.testing.assert_allclose(model(x), want, atol=1e-5 * np.abs(want).max(), rtol=0)
+
+
+def test_runtime_bundle_runs_without_site_packages(tmp_path):
+    """The AMX bundle tool, built for this host (no AMX needed), runs under ``python -S``."""
+    from pathlib import Path
+
+    tool = Path(__file__).parent.parent / "python" / "tools" / "amx_bundle.py"
+    out = subprocess.run([sys.executable, str(tool), "--target", "host", "--check-here",
+                          "-o", str(tmp_path / "bundle.tar.gz")],
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "all passed" in out.stdout and "FAIL" not in out.stdout
+    assert (tmp_path / "bundle.tar.gz").stat().st_size < 64 * 2**20
