@@ -89,7 +89,7 @@ def schedule_blocks(sch: s_tir.Schedule, target: Target, done: set[str]) -> None
             continue
         tile_loop = _tile_gemm_like(sch, block, info, target)
         if tile_loop is None:
-            _schedule_row_reduction(sch, block, info)
+            done.update(_schedule_row_reduction(sch, block, info))
         else:  # the init and write-back blocks the tiling created are scheduled already
             done.update(sch.get(b).name_hint for b in sch.get_child_blocks(tile_loop))
 
@@ -247,18 +247,42 @@ def _is_one(expr) -> bool:
 # --- 3. everything else ----------------------------------------------------------------------
 
 
-def _schedule_row_reduction(sch, block, info: SBlockInfo) -> None:
+def _schedule_row_reduction(sch, block, info: SBlockInfo, lanes: int = 16) -> list[str]:
+    """Parallel over rows, vectorised partial reductions; returns the names of new blocks."""
     kinds = info.dom_kind()
     loops = sch.get_loops(block)
     spatial = [lp for lp, k in zip(loops, kinds) if k == "S"]
     reduce = [lp for lp, k in zip(loops, kinds) if k == "R"]
     if not spatial:
-        return
+        return []
     worth = _worth_parallel(sch, loops)  # before fuse: fusing invalidates the loop handles
+    extent = _const_extent(sch, reduce[-1]) if len(reduce) == 1 else None
     sch.reorder(*spatial, *reduce)
     fused = sch.fuse(*spatial)
     if worth:
         sch.parallel(fused)
+    if extent is not None and extent % lanes == 0 and extent >= 2 * lanes:
+        return _vectorize_reduction(sch, block, lanes)
+    return []
+
+
+def _vectorize_reduction(sch, block, lanes: int) -> list[str]:
+    """``lanes`` partial results per row (rfactor), so the reduction runs on vector registers.
+
+    A scalar reduction over a row is one long dependency chain of adds (or max), bound by
+    their latency; ``lanes`` independent partial sums in one vector register remove it.
+    """
+    try:
+        out_dims = len(sch.get(block).writes[0].region)
+        *_, reduce = sch.get_loops(block)
+        _, inner = sch.split(reduce, [None, lanes])
+        partial = sch.rfactor(inner, factor_axis=out_dims)  # lanes innermost: vector stores
+        *_, lane = sch.get_loops(partial)
+        sch.vectorize(lane)
+        return [sch.get(partial).name_hint]
+    except s_tir.ScheduleError as err:
+        logger.debug("reduction left scalar: %s", err)
+        return []
 
 
 def _schedule_spatial(sch, block, target: Target) -> None:
