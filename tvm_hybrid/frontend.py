@@ -19,6 +19,7 @@ import tvm
 from tvm import relax
 
 from .errors import ModelLoadError, UnsupportedModelError
+from .qlinear_import import decompose_qlinear_matmul
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +87,7 @@ def import_model(
     if isinstance(model, tvm.IRModule):
         return _from_relax(model)
     source = str(model) if isinstance(model, (str, os.PathLike)) else "<onnx model>"
-    proto = load_onnx(model)
+    proto = decompose_qlinear_matmul(load_onnx(model))
     _check_ops_supported(proto, source)
     inputs = _onnx_inputs(proto, input_shapes or {})
     shape_dict = {spec.name: spec.shape for spec in inputs if _is_static(spec.shape)}
