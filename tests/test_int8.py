@@ -42,7 +42,9 @@ def test_int8_microkernel_family_and_names():
     kernels = int8_microkernels(make_target({"kind": "llvm", "mcpu": "icelake-server"}))
     assert kernels and all(k.in_dtype == "uint8" and k.acc_dtype == "int32" for k in kernels)
     assert all(k.k_step == 4 and k.fits_registers() for k in kernels)
-    assert int8_microkernels(make_target({"kind": "llvm", "mcpu": "haswell"})) == []
+    haswell = int8_microkernels(make_target({"kind": "llvm", "mcpu": "haswell"}))
+    assert haswell and all(k.isa == "avx2_int8" for k in haswell)  # the exact fallback
+    assert int8_microkernels(make_target({"kind": "llvm", "mcpu": "nehalem"})) == []
     name = tensor_intrin(kernels[0], 64)
     assert name == f"{kernels[0].name}_k64" and ensure_tensor_intrin(name)
 
@@ -85,6 +87,31 @@ def test_matmul_integer_is_bit_exact(m, n, k, activations, zp, wzp):
         data = np.full((m, k), fill, activations)
         wl_fill = workloads.Workload(wl.name, wl.model, {"a": data}, wl.flops)
         np.testing.assert_array_equal(model(data), workloads.matmul_integer_reference(wl_fill))
+
+
+@pytest.mark.parametrize("m, n, k, activations, zp", [
+    (64, 64, 128, "uint8", 3), (7, 40, 36, "int8", -5), (1, 96, 256, "uint8", 255),
+    (32, 32, 64, "uint8", 0),
+])
+def test_avx2_int8_fallback_is_exact(m, n, k, activations, zp):
+    """Without VNNI: widened to s16 and vpmaddwd, never the saturating vpmaddubsw."""
+    target = make_target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
+    wl = workloads.matmul_integer(m, n, k, activations=activations, zero_point=zp)
+    model = tvm_hybrid.compile(wl.model, target)
+    (name,) = _gemm_kernels(model)
+    assert "avx2_int8" in model.lowered[name].script()
+    asm = model.inspect_source("asm")
+    assert "vpmaddwd" in asm and "vpmaddubsw" not in asm
+    try:
+        check_runnable_here(target)
+    except tvm_hybrid.TargetError as err:
+        pytest.skip(f"needs AVX2 to run: {err}")
+    np.testing.assert_array_equal(model(**wl.inputs), workloads.matmul_integer_reference(wl))
+    # Full-range extremes, where a saturating pmaddubsw would be wrong.
+    for fill in (np.iinfo(activations).min, np.iinfo(activations).max):
+        data = np.full((m, k), fill, activations)
+        filled = workloads.Workload(wl.name, wl.model, {"a": data}, wl.flops)
+        np.testing.assert_array_equal(model(data), workloads.matmul_integer_reference(filled))
 
 
 def test_avx_vnni_kernel_is_bit_exact():

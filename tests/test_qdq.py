@@ -74,10 +74,17 @@ def test_qdq_gemm_kernels_use_the_template_and_vnni():
     assert "vpdpbusd" in model.inspect_source("asm")
 
 
-def test_without_vnni_qdq_models_keep_the_float_path():
-    """A target without VNNI leaves QDQ to TVM's float lowering (same results as stock)."""
+def test_qdq_without_vnni_uses_the_exact_avx2_kernel():
     wl = workloads.qdq_mlp(8, (64, 32, 16))
-    target = {"kind": "llvm", "mcpu": "haswell", "num-cores": 2}
+    model = tvm_hybrid.compile(wl.model, {"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
+    assert [n for n in model.kernel_names() if "int8_packed_matmul" in n]
+    np.testing.assert_array_equal(model(**wl.inputs), workloads.qdq_reference(wl))
+
+
+def test_without_avx2_qdq_models_keep_the_float_path():
+    """A target with no int8 microkernel leaves QDQ to TVM's float lowering (as stock)."""
+    wl = workloads.qdq_mlp(8, (64, 32, 16))
+    target = {"kind": "llvm", "mcpu": "nehalem", "num-cores": 2}
     model = tvm_hybrid.compile(wl.model, target)
     assert not [n for n in model.kernel_names() if "int8" in n]
     stock = tvm_hybrid.compile(wl.model, target, pipeline="stock")

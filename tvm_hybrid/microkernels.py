@@ -81,10 +81,13 @@ class Microkernel:
         """Accumulators, plus the ``B`` row vectors, plus one broadcast of ``A``.
 
         For AMX: ``C`` tiles plus the ``A`` and ``B`` tiles feeding them (8 tile registers).
+        The widening AVX2 int8 kernel keeps two partial-sum registers per 4 columns.
         """
         if self.is_amx:
             rows, cols = self.mr // 16, self.nr // 16
             return rows * cols + rows + cols
+        if self.isa == "avx2_int8":
+            return self.mr * (self.nr // 4) + self.nr // 4 + 1
         return self.mr * self.nr // self.lanes + self.nr // self.lanes + 1
 
     @property
@@ -119,9 +122,15 @@ FP32_MICROKERNELS: dict[str, list[Microkernel]] = {
 #: of ``A`` (broadcast) by 4 ``s8`` of ``B`` per 32-bit lane and adds the 4 products to the
 #: ``s32`` accumulator, exactly (no saturation), so ``B`` is packed with ``K`` in groups of 4.
 #: AVX-VNNI (Alder Lake, Sierra Forest: no AVX-512) is the same instruction on 256-bit ymm.
+#: Without VNNI (Haswell to Skylake): an exact AVX2 kernel that widens both operands to s16
+#: (``pmaddubsw`` would saturate) and uses ``vpmaddwd``, keeping two partial sums per column.
 INT8_MICROKERNELS: dict[str, list[Microkernel]] = {
     "avx512_vnni": _family("avx512_vnni", ("avx512vnni",), 512, 32, "uint8", "int32", 4),
     "avx_vnni": _family("avx_vnni", ("avxvnni",), 256, 16, "uint8", "int32", 4),
+    "avx2_int8": [
+        Microkernel("avx2_int8", ("avx2",), "uint8", "int32", mr, 8, 256, 16, 4)
+        for mr in (6, 5, 4, 3, 2, 1)
+    ],
 }
 
 
@@ -299,7 +308,9 @@ def _register_amx(kernel: Microkernel, mb: int, nb: int, k: int) -> str:
 @functools.cache
 def _register(kernel: Microkernel, k: int) -> str:
     name = f"{kernel.name}_k{k}"
-    if kernel.in_dtype == "uint8":
+    if kernel.isa == "avx2_int8":
+        desc, impl = _widening_int8_tile_functions(kernel.mr, kernel.nr, k)
+    elif kernel.in_dtype == "uint8":
         desc, impl = _vnni_tile_functions(kernel.mr, kernel.nr, k, kernel.lanes,
                                           kernel.vector_bits)
     elif kernel.in_dtype == "bfloat16":
@@ -592,3 +603,85 @@ def _amx_block_functions(in_dtype: str, mb: int, nb: int, kc: int):
             T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilerelease"))
 
     return desc, impl
+
+
+def _widening_int8_tile_functions(mr: int, nr: int, kc: int):
+    """The exact AVX2 u8 x s8 tile: ``C[mr, nr] += A[mr, kc] * B[kc / 4, nr, 4]``.
+
+    Per group of 4 ``k``, the 4 bytes of ``A`` (zero-extended) and 4 columns x 4 bytes of ``B``
+    (sign-extended) become 16 x s16; their products fit in s16 (|255 * -128| < 2**15) and
+    ``vpmaddwd`` adds adjacent pairs into s32: lane ``2c`` holds column ``c``'s ``k0 k1`` part,
+    lane ``2c + 1`` its ``k2 k3`` part. The two parts are added once, after the ``K`` loop.
+    """
+    if kc % 4 or nr % 4:
+        raise ValueError(f"the int8 tile needs K % 4 == 0 and nr % 4 == 0; got {kc}, {nr}")
+    groups = kc // 4
+    quads = nr // 4
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, b: T.handle, c: T.handle):
+        lda = T.int32()
+        ldb = T.int32()
+        ldc = T.int32()
+        A = T.match_buffer(a, (mr, kc), "uint8", offset_factor=1, strides=[lda, 1])
+        B = T.match_buffer(b, (groups, nr, 4), "int8", offset_factor=1, strides=[ldb, 4, 1])
+        C = T.match_buffer(c, (mr, nr), "int32", offset_factor=1, strides=[ldc, 1],
+                           scope="local")
+        with T.sblock("root"):
+            T.reads(C[0:mr, 0:nr], A[0:mr, 0:kc], B[0:groups, 0:nr, 0:4])
+            T.writes(C[0:mr, 0:nr])
+            for i, j, kk in T.grid(mr, nr, kc):
+                with T.sblock("update"):
+                    vi, vj, vk = T.axis.remap("SSR", [i, j, kk])
+                    C[vi, vj] = C[vi, vj] + T.Cast("int32", A[vi, vk]) * T.Cast(
+                        "int32", B[vk // 4, vj, vk % 4])
+
+    @T.prim_func(s_tir=True)
+    def desc_one_row(a: T.handle, b: T.handle, c: T.handle):
+        lda = T.int32()
+        ldb = T.int32()
+        ldc = T.int32()
+        A = T.match_buffer(a, (mr, kc), "uint8", offset_factor=1, strides=[lda, 1])
+        B = T.match_buffer(b, (groups, nr, 4), "int8", offset_factor=1, strides=[ldb, 4, 1])
+        C = T.match_buffer(c, (mr, nr), "int32", offset_factor=1, strides=[ldc, 1],
+                           scope="local")
+        with T.sblock("root"):
+            T.reads(C[0:mr, 0:nr], A[0:mr, 0:kc], B[0:groups, 0:nr, 0:4])
+            T.writes(C[0:mr, 0:nr])
+            for _i, j, kk in T.grid(1, nr, kc):
+                with T.sblock("update"):
+                    vj, vk = T.axis.remap("SR", [j, kk])
+                    C[0, vj] = C[0, vj] + T.Cast("int32", A[0, vk]) * T.Cast(
+                        "int32", B[vk // 4, vj, vk % 4])
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle):
+        lda = T.int32()
+        ldb = T.int32()
+        ldc = T.int32()
+        A = T.match_buffer(a, (mr, kc), "uint8", offset_factor=1, strides=[lda, 1])
+        B = T.match_buffer(b, (groups, nr, 4), "int8", offset_factor=1, strides=[ldb, 4, 1])
+        C = T.match_buffer(c, (mr, nr), "int32", offset_factor=1, strides=[ldc, 1],
+                           scope="local")
+        with T.sblock("root"):
+            T.reads(C[0:mr, 0:nr], A[0:mr, 0:kc], B[0:groups, 0:nr, 0:4])
+            T.writes(C[0:mr, 0:nr])
+            parts = T.alloc_buffer((mr, nr * 2), "int32", scope="local")
+            for i in T.unroll(mr):
+                for q in T.unroll(quads):
+                    parts[i, T.ramp(q * 8, 1, 8)] = T.broadcast(T.int32(0), 8)
+            for g in T.serial(groups):
+                for i in T.unroll(mr):
+                    for q in T.unroll(quads):
+                        parts[i, T.ramp(q * 8, 1, 8)] = parts[i, T.ramp(q * 8, 1, 8)] + \
+                            T.call_llvm_pure_intrin(
+                                T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.wd"),
+                                T.Cast("int16x16", T.reinterpret(T.broadcast(T.reinterpret(
+                                    A.vload([i, g * 4], "uint8x4"), dtype="int32"), 4),
+                                    dtype="uint8x16")),
+                                T.Cast("int16x16", B.vload([g, q * 4, 0], "int8x16")),
+                                dtype="int32x8")
+            for i, j in T.grid(mr, nr):
+                C[i, j] = C[i, j] + parts[i, j * 2] + parts[i, j * 2 + 1]
+
+    return (desc_one_row if mr == 1 else desc), impl
