@@ -142,3 +142,43 @@ def test_qlinear_matmul_agrees_with_onnxruntime():
     (theirs,) = session.run(None, {"a": data})
     ours = tvm_hybrid.compile(proto)(data)
     assert np.abs(ours.astype(np.int32) - theirs).max() <= 1  # ties may round differently
+
+
+def test_qdq_gemm_with_transposed_per_channel_weights():
+    """Gemm(transB=1) with W[N, K] quantized per output channel (axis 0) and a bias."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    m, k, n = 16, 64, 48
+    wq = rng.integers(-127, 128, (n, k)).astype(np.int8)
+    ws = (0.01 * rng.uniform(0.5, 1.5, n)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    sx, zx, sy, zy = np.float32(0.02), np.uint8(128), np.float32(0.05), np.uint8(0)
+    inits = {"sx": np.array(sx), "zx": np.array(zx), "wq": wq, "ws": ws,
+             "wz": np.zeros(n, np.int8), "b": bias, "sy": np.array(sy), "zy": np.array(zy)}
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["xd"]),
+        helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wd"], axis=0),
+        helper.make_node("Gemm", ["xd", "wd", "b"], ["g"], transB=1),
+        helper.make_node("Relu", ["g"], ["r"]),
+        helper.make_node("QuantizeLinear", ["r", "sy", "zy"], ["yq"]),
+        helper.make_node("DequantizeLinear", ["yq", "sy", "zy"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "qgemm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])],
+        [numpy_helper.from_array(v, name) for name, v in inits.items()])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = 8
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    model = tvm_hybrid.compile(proto)
+    assert [n_ for n_ in model.kernel_names() if "int8_packed_matmul" in n_]
+    xq = np.clip(np.round(x / sx) + zx, 0, 255).astype(np.int64)
+    acc = (xq - int(zx)) @ wq.T.astype(np.int64)
+    scale = (sx * ws).astype(np.float32)
+    bias_q = np.round(bias.astype(np.float64) / scale.astype(np.float64))
+    mult, shift = quantized_multiplier(scale.astype(np.float64) / float(sy))
+    yq = requantize_reference(acc, bias_q, mult, shift, int(zy), "uint8", relu=True)
+    want = (yq.astype(np.int32) - int(zy)).astype(np.float32) * sy
+    np.testing.assert_array_equal(model(x), want)

@@ -5,7 +5,8 @@ ONNX QDQ models express int8 inference as float ops wrapped in ``QuantizeLinear`
 alone, folds the weight dequantization into an fp32 constant and computes in fp32. This pass (the
 paper's quantized-graph reschedule) runs before constant folding and rewrites, in two steps:
 
-1. ``matmul(dequantize(xq, sx, zx), dequantize(Wq, sw, zw))`` with constant 8-bit ``Wq``,
+1. ``matmul(dequantize(xq, sx, zx), dequantize(Wq, sw, zw))`` with constant 8-bit ``Wq``
+   (also transposed, as ``Gemm(transB=1)`` imports),
    per-tensor ``sx, zx`` and per-tensor or per-output-channel ``sw, zw`` becomes the exact
    ``u8 x s8 -> s32`` VNNI GEMM of ``passes/integer_gemm.py`` (zero-point compensation
    precomputed; ``K`` zero-padded to a multiple of 4) followed by ``float32(acc) * (sx * sw)``.
@@ -118,6 +119,12 @@ class _Rewriter(relax.PyExprMutator):
     # -- step 1 ----------------------------------------------------------------------------------
     def _gemm(self, call: relax.Call):
         lhs, rhs = (self._bound(a) for a in call.args)
+        transposed = False
+        if _is_op(rhs, "relax.permute_dims"):  # Gemm(transB=1): W given as [N, K]
+            axes = rhs.attrs.axes
+            if axes is None or [int(a) for a in axes] != [1, 0]:
+                return None
+            transposed, rhs = True, self._bound(rhs.args[0])
         if not (_is_op(lhs, "relax.dequantize") and _is_op(rhs, "relax.dequantize")):
             return None
         xq = lhs.args[0]
@@ -133,10 +140,12 @@ class _Rewriter(relax.PyExprMutator):
             return None
         if wq.ndim != 2 or wq.dtype not in (np.int8, np.uint8):
             return None
+        axis = int(rhs.attrs.axis) % 2
+        if transposed:
+            wq, axis = np.ascontiguousarray(wq.T), 1 - axis
         k, n = wq.shape
         if int(x_ty.shape.values[-1]) != k:
             return None
-        axis = int(rhs.attrs.axis) % 2
         if sw.size not in (1, n) or zw.size not in (1, n) or (sw.size == n and axis != 1):
             return None
         w32 = wq.astype(np.int64) - zw.reshape(-1).astype(np.int64)
