@@ -290,3 +290,22 @@ def test_rpc_tuning_on_loopback(tmp_path, target):
     finally:
         server.terminate()
         tracker.terminate()
+
+
+def test_other_kernels_can_be_tuned_with_stock_metaschedule_rules(tmp_path, target):
+    """others="metaschedule": softmax/layer-norm kernels are searched too; the fallback
+    schedule is measured first and kept unless beaten."""
+    wl = workloads.attention(1, 32, heads=2, head_dim=32)
+    path = tune(wl.model, target, trials=24, work_dir=tmp_path, others="metaschedule",
+                progress=False)
+    records = load_records(path)
+    untemplated = [t for t in records.tasks.values() if t.search == "metaschedule"]
+    assert untemplated, [t.name for t in records.tasks.values()]
+    assert all(t.state.heuristic_key == "baseline" for t in untemplated)
+    assert all(t.best is not None for t in untemplated)
+    # MetaSchedule measured candidates beyond the fallback schedule for some kernel.
+    assert max(len(t.state.trials) for t in untemplated) > 1
+    model = tvm_hybrid.compile(wl.model, target, tuning_records=path)
+    reference = tvm_hybrid.compile(wl.model, target, pipeline="stock")
+    np.testing.assert_allclose(model(**wl.inputs), reference(**wl.inputs), rtol=1e-4,
+                               atol=1e-5)

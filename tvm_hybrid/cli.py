@@ -75,6 +75,9 @@ def _parser() -> argparse.ArgumentParser:
                         "evolutionary search over the same knobs")
     p.add_argument("--cost-model", choices=("random", "xgb"), default="random",
                    help="cost model of --search evolutionary (xgb needs xgboost)")
+    p.add_argument("--others", choices=("skip", "metaschedule"), default="skip",
+                   help="kernels no template covers: keep the fallback schedule (default) or "
+                        "search them with MetaSchedule's stock rules")
     p.add_argument("--rpc-tracker", metavar="HOST:PORT",
                    help="measure on the servers registered with this TVM RPC tracker")
     p.add_argument("--rpc-key", help="device key of those servers (with --rpc-tracker)")
@@ -166,7 +169,8 @@ def _cmd_tune(args) -> int:
     start = time.perf_counter()
     path = tune(args.model, args.target, trials=args.trials, output=output,
                 work_dir=args.work_dir or output.parent, search=args.search,
-                cost_model=args.cost_model, rpc=rpc, resume=not args.restart,
+                cost_model=args.cost_model, others=args.others, rpc=rpc,
+                resume=not args.restart,
                 input_shapes=_input_shapes(args.input_shapes), progress=not args.no_progress,
                 precision=args.precision)
     records = load_records(path)

@@ -220,8 +220,9 @@ def tune(
     try:
         for index, task in enumerate(tasks, 1):
             key = workload_key(task.mod)
+            kind = search if task.templated else "metaschedule"
             entry = records.tasks.get(key) or TaskRecords(
-                task.name, task.weight, ms.database.Workload(task.mod), search=search)
+                task.name, task.weight, ms.database.Workload(task.mod), search=kind)
             records.tasks[key] = entry
             bar.set_description(f"task {index}/{len(tasks)} {task.name[:40]}")
             started = time.perf_counter()
