@@ -20,22 +20,18 @@ import ml_dtypes
 import numpy as np
 import tvm
 from tvm import relax, te
-from tvm.ir.prim.expr import IntImm
 from tvm.target import Target
 
 from ..microkernels import microkernels_for, panel_for
+from .prepack import pack_weight_grouped
+from .relax_rewrite import bound_value, is_static_tensor, rewrite_functions
 
 BF16_PACKED_MATMUL = "hybrid_bf16_packed_matmul"
 
 
 def pack_weight_bf16(weight: np.ndarray, nr: int) -> np.ndarray:
     """``W[K, N]`` to bf16 ``W_packed[ceil(N / nr), ceil(K / 2), nr, 2]`` (zero-padded)."""
-    k, n = weight.shape
-    k_pad, n_pad = k + k % 2, -(-n // nr) * nr
-    padded = np.zeros((k_pad, n_pad), ml_dtypes.bfloat16)
-    padded[:k, :n] = weight.astype(ml_dtypes.bfloat16)
-    return np.ascontiguousarray(
-        padded.reshape(k_pad // 2, 2, n_pad // nr, nr).transpose(2, 0, 3, 1))
+    return pack_weight_grouped(weight, nr, 2, ml_dtypes.bfloat16)
 
 
 def bf16_packed_matmul(x: te.Tensor, packed: te.Tensor, n: int, out_dtype: str) -> te.Tensor:
@@ -76,11 +72,7 @@ class PrepackBF16:
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         if not microkernels_for(self.target, "bfloat16"):
             return mod
-        rewriter = _Rewriter(mod, self.target, self.convert_fp32)
-        for gvar, func in list(mod.functions.items()):
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
-        return rewriter.builder_.get()
+        return rewrite_functions(mod, _Rewriter(mod, self.target, self.convert_fp32))
 
 
 @relax.expr_functor.mutator
@@ -95,18 +87,12 @@ class _Rewriter(relax.PyExprMutator):
         if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.matmul"):
             return call
         x, weight = call.args
-        bound = self.lookup_binding(weight) if isinstance(weight, relax.Var) else None
-        weight = bound if isinstance(bound, tvm.ir.GenericConst) else weight
+        weight = bound_value(self, weight)
         if not isinstance(weight, tvm.ir.GenericConst):
             return call
         w_ty, x_ty = weight.ty, x.ty
         dtype = str(w_ty.dtype)
-        if dtype not in self.dtypes or w_ty.ndim != 2:
-            return call
-        if not isinstance(x_ty, relax.TensorType) or str(x_ty.dtype) != dtype:
-            return call
-        if x_ty.shape is None or x_ty.ndim < 2 or not all(
-                isinstance(d, IntImm) for d in x_ty.shape.values):
+        if dtype not in self.dtypes or w_ty.ndim != 2 or not is_static_tensor(x_ty, (dtype,)):
             return call
         array = weight.value.numpy()
         k, n = array.shape

@@ -23,23 +23,26 @@ from __future__ import annotations
 import numpy as np
 import tvm
 from tvm import relax, te
-from tvm.ir.prim.expr import IntImm
 from tvm.target import Target
 
 from ..microkernels import microkernels_for, panel_for
+from .prepack import pack_weight_grouped
+from .relax_rewrite import (
+    bound_value,
+    constant_value,
+    is_op,
+    is_static_tensor,
+    rewrite_functions,
+)
 
 INT8_PACKED_MATMUL = "hybrid_int8_packed_matmul"
 
 
 def pack_weight_vnni(weight: np.ndarray, nr: int) -> np.ndarray:
     """``W[K, N]`` (s8 values) to ``W_packed[ceil(N / nr), K / 4, nr, 4]`` as ``int8``."""
-    k, n = weight.shape
-    if k % 4:
-        raise ValueError(f"VNNI packing needs K % 4 == 0, got K = {k}")
-    n_pad = -(-n // nr) * nr
-    padded = np.zeros((k, n_pad), np.int8)
-    padded[:, :n] = weight
-    return np.ascontiguousarray(padded.reshape(k // 4, 4, n_pad // nr, nr).transpose(2, 0, 3, 1))
+    if weight.shape[0] % 4:
+        raise ValueError(f"VNNI packing needs K % 4 == 0, got K = {weight.shape[0]}")
+    return pack_weight_grouped(weight, nr, 4, np.int8)
 
 
 def int8_packed_matmul(x: te.Tensor, packed: te.Tensor, compensation: te.Tensor,
@@ -61,6 +64,37 @@ def int8_packed_matmul(x: te.Tensor, packed: te.Tensor, compensation: te.Tensor,
                       name="compensate")
 
 
+def emit_int8_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
+                   zero_point: int, w32: np.ndarray) -> relax.Expr | None:
+    """Emit ``(x - zero_point) @ w32`` (int32) as the VNNI GEMM; None if it cannot be.
+
+    ``x`` is a static ``u8``/``s8`` tensor ``[..., M, K]``; ``w32`` holds s8 values. ``s8``
+    ``x`` is shifted to ``u8`` (+128, folded into the zero point), ``K`` is zero-padded to a
+    multiple of 4, and the compensation ``zero_point * colsum(w32)`` becomes a constant.
+    """
+    x_ty = x.ty
+    k, n = w32.shape
+    signed = str(x_ty.dtype) == "int8"
+    zero_point += 128 if signed else 0
+    compensation = zero_point * w32.astype(np.int64).sum(axis=0)
+    if np.abs(compensation).max(initial=0) >= 2**31:
+        return None
+    pad = -k % 4  # zero rows of W (and zero columns of x) add nothing
+    nr = panel_for(target, "uint8", int(x_ty.shape.values[-2]), n, k + pad)
+    if nr is None:
+        return None
+    if signed:  # VNNI takes unsigned A
+        shifted = relax.op.add(relax.op.astype(x, "int32"), relax.const(128, "int32"))
+        x = builder.emit(relax.op.astype(shifted, "uint8"))
+    if pad:
+        x = builder.emit(relax.op.nn.pad(x, [0, 0] * (x_ty.ndim - 1) + [0, pad]))
+        w32 = np.concatenate([w32, np.zeros((pad, n), w32.dtype)])
+    return builder.emit(builder.call_te(
+        int8_packed_matmul, x, relax.const(pack_weight_vnni(w32.astype(np.int8), nr)),
+        relax.const(compensation.astype(np.int32)), int(n),
+        primfunc_name_hint=INT8_PACKED_MATMUL))
+
+
 @tvm.transform.module_pass(opt_level=0, name="IntegerGemmToVNNI")
 class IntegerGemmToVNNI:
     """Rewrite int32 matmuls of 8-bit data with constant 8-bit weights to the VNNI GEMM."""
@@ -71,11 +105,7 @@ class IntegerGemmToVNNI:
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         if not microkernels_for(self.target, "uint8"):
             return mod
-        rewriter = _Rewriter(mod, self.target)
-        for gvar, func in list(mod.functions.items()):
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
-        return relax.transform.DeadCodeElimination()(rewriter.builder_.get())
+        return rewrite_functions(mod, _Rewriter(mod, self.target), eliminate_dead_code=True)
 
 
 @relax.expr_functor.mutator
@@ -86,89 +116,34 @@ class _Rewriter(relax.PyExprMutator):
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = self.visit_expr_post_order(call)
-        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.matmul"):
+        if not is_op(call, "relax.matmul"):
             return call
-        lhs, weight = call.args
-        matched = self._match(lhs, weight)
+        matched = self._match(*call.args)
         if matched is None:
             return call
-        x, zero_point, w32 = matched
-        nr = panel_for(self.target, "uint8", int(x.ty.shape.values[-2]), *w32.shape[::-1])
-        if nr is None:
-            return call
-        if str(x.ty.dtype) == "int8":  # VNNI takes unsigned A: shift by 128
-            shifted = relax.op.add(relax.op.astype(x, "int32"), relax.const(128, "int32"))
-            x = self.builder_.emit(relax.op.astype(shifted, "uint8"))
-            zero_point += 128
-        columns = w32.astype(np.int64).sum(axis=0)
-        compensation = zero_point * columns
-        if np.abs(compensation).max(initial=0) >= 2**31:
-            return call
-        packed = relax.const(pack_weight_vnni(w32.astype(np.int8), nr))
-        comp = relax.const(compensation.astype(np.int32))
-        return self.builder_.call_te(int8_packed_matmul, x, packed, comp, int(w32.shape[1]),
-                                     primfunc_name_hint=INT8_PACKED_MATMUL)
+        gemm = emit_int8_gemm(self.builder_, self.target, *matched)
+        return call if gemm is None else gemm
 
     def _match(self, lhs: relax.Expr, weight: relax.Expr):
         """``(x, zero_point, W32)`` when the matmul is an 8-bit GEMM we can take, else None."""
-        w32 = self._constant(weight)
+        w32 = constant_value(self, weight)
         if w32 is None or w32.dtype != np.int32 or w32.ndim != 2:
             return None
         if w32.shape[0] % 4 or w32.min(initial=0) < -128 or w32.max(initial=0) > 127:
             return None
         zero_point = 0
-        expr = self._bound(lhs)
-        if _is_op(expr, "relax.subtract"):
-            zp = self._constant(expr.args[1])
+        expr = bound_value(self, lhs)
+        if is_op(expr, "relax.subtract"):
+            zp = constant_value(self, expr.args[1])
             if zp is None or zp.ndim != 0:
                 return None
             zero_point = int(zp)
-            expr = self._bound(expr.args[0])
-        if not _is_op(expr, "relax.astype") or str(expr.ty.dtype) != "int32":
+            expr = bound_value(self, expr.args[0])
+        if not is_op(expr, "relax.astype") or str(expr.ty.dtype) != "int32":
             return None
         x = expr.args[0]
-        x_ty = x.ty
-        if not isinstance(x_ty, relax.TensorType) or str(x_ty.dtype) not in ("uint8", "int8"):
+        if not is_static_tensor(x.ty, ("uint8", "int8")):
             return None
-        if x_ty.shape is None or x_ty.ndim < 2:
-            return None
-        if not all(isinstance(d, IntImm) for d in x_ty.shape.values):
-            return None
-        if int(x_ty.shape.values[-1]) != w32.shape[0]:
+        if int(x.ty.shape.values[-1]) != w32.shape[0]:
             return None
         return x, zero_point, w32
-
-    def _constant(self, expr: relax.Expr) -> np.ndarray | None:
-        """The value of ``expr`` if it is a constant, or casts/sums/differences of constants.
-
-        (FoldConstant leaves ``astype(const)`` and ``const - astype(const)`` of the zero points
-        unfolded.)
-        """
-        expr = self._bound(expr)
-        if isinstance(expr, tvm.ir.GenericConst):
-            return expr.value.numpy()
-        if _is_op(expr, "relax.astype"):
-            value = self._constant(expr.args[0])
-            return None if value is None else value.astype(str(expr.ty.dtype))
-        for name, combine in (("relax.subtract", np.subtract), ("relax.add", np.add)):
-            if _is_op(expr, name):
-                a, b = (self._constant(arg) for arg in expr.args)
-                if a is None or b is None:
-                    return None
-                exact = combine(a.astype(np.int64), b.astype(np.int64))
-                result = exact.astype(str(expr.ty.dtype))
-                return result if np.array_equal(result, exact) else None
-        return None
-
-    def _bound(self, expr: relax.Expr) -> relax.Expr:
-        while isinstance(expr, relax.Var):
-            value = self.lookup_binding(expr)
-            if value is None:
-                return expr
-            expr = value
-        return expr
-
-
-def _is_op(expr: relax.Expr, name: str) -> bool:
-    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and \
-        expr.op.name == name

@@ -19,6 +19,7 @@ from tvm.ir.prim.expr import IntImm
 from tvm.target import Target
 
 from ..microkernels import fp32_microkernels
+from .relax_rewrite import rewrite_functions
 
 PACKED_MATMUL = "hybrid_packed_matmul"
 
@@ -30,6 +31,20 @@ def pack_weight(weight: np.ndarray, nr: int) -> np.ndarray:
     padded = np.zeros((k, n_pad), weight.dtype)
     padded[:, :n] = weight
     return np.ascontiguousarray(padded.reshape(k, n_pad // nr, nr).transpose(1, 0, 2))
+
+
+def pack_weight_grouped(weight: np.ndarray, nr: int, group: int, dtype) -> np.ndarray:
+    """``W[K, N]`` to ``W_packed[ceil(N / nr), ceil(K / group), nr, group]`` in ``dtype``.
+
+    The layout of microkernels that consume ``group`` consecutive ``k`` per 32-bit lane (VNNI
+    int8: 4, bf16: 2). ``K`` and ``N`` are zero-padded.
+    """
+    k, n = weight.shape
+    k_pad, n_pad = -(-k // group) * group, -(-n // nr) * nr
+    padded = np.zeros((k_pad, n_pad), dtype)
+    padded[:k, :n] = weight.astype(dtype)
+    return np.ascontiguousarray(
+        padded.reshape(k_pad // group, group, n_pad // nr, nr).transpose(2, 0, 3, 1))
 
 
 def packed_matmul(x: te.Tensor, packed: te.Tensor, n: int) -> te.Tensor:
@@ -58,11 +73,7 @@ class PrepackConstantWeights:
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         if self.nr is None:
             return mod
-        rewriter = _Rewriter(mod, self.nr)
-        for gvar, func in list(mod.functions.items()):
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
-        return rewriter.builder_.get()
+        return rewrite_functions(mod, _Rewriter(mod, self.nr))
 
 
 @relax.expr_functor.mutator

@@ -29,11 +29,17 @@ from __future__ import annotations
 import numpy as np
 import tvm
 from tvm import relax, te
-from tvm.ir.prim.expr import IntImm
 from tvm.target import Target
 
-from ..microkernels import microkernels_for, panel_for
-from .integer_gemm import INT8_PACKED_MATMUL, int8_packed_matmul, pack_weight_vnni
+from ..microkernels import microkernels_for
+from .integer_gemm import emit_int8_gemm
+from .relax_rewrite import (
+    bound_value,
+    constant_value,
+    is_op,
+    is_static_tensor,
+    rewrite_functions,
+)
 
 REQUANTIZE = "hybrid_requantize"
 
@@ -92,11 +98,7 @@ class FoldQDQ:
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         if not microkernels_for(self.target, "uint8"):
             return mod
-        rewriter = _Rewriter(mod, self.target)
-        for gvar, func in list(mod.functions.items()):
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
-        return relax.transform.DeadCodeElimination()(rewriter.builder_.get())
+        return rewrite_functions(mod, _Rewriter(mod, self.target), eliminate_dead_code=True)
 
 
 @relax.expr_functor.mutator
@@ -110,32 +112,28 @@ class _Rewriter(relax.PyExprMutator):
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = self.visit_expr_post_order(call)
         rewritten = None
-        if _is_op(call, "relax.matmul"):
+        if is_op(call, "relax.matmul"):
             rewritten = self._gemm(call)
-        elif _is_op(call, "relax.quantize"):
+        elif is_op(call, "relax.quantize"):
             rewritten = self._requantize(call)
         return call if rewritten is None else rewritten
 
     # -- step 1 ----------------------------------------------------------------------------------
     def _gemm(self, call: relax.Call):
-        lhs, rhs = (self._bound(a) for a in call.args)
+        lhs, rhs = (bound_value(self, a) for a in call.args)
         transposed = False
-        if _is_op(rhs, "relax.permute_dims"):  # Gemm(transB=1): W given as [N, K]
+        if is_op(rhs, "relax.permute_dims"):  # Gemm(transB=1): W given as [N, K]
             axes = rhs.attrs.axes
             if axes is None or [int(a) for a in axes] != [1, 0]:
                 return None
-            transposed, rhs = True, self._bound(rhs.args[0])
-        if not (_is_op(lhs, "relax.dequantize") and _is_op(rhs, "relax.dequantize")):
+            transposed, rhs = True, bound_value(self, rhs.args[0])
+        if not (is_op(lhs, "relax.dequantize") and is_op(rhs, "relax.dequantize")):
             return None
         xq = lhs.args[0]
-        x_ty = xq.ty
-        if not isinstance(x_ty, relax.TensorType) or str(x_ty.dtype) not in ("uint8", "int8"):
+        if not is_static_tensor(xq.ty, ("uint8", "int8")):
             return None
-        if x_ty.shape is None or x_ty.ndim < 2 or not all(
-                isinstance(d, IntImm) for d in x_ty.shape.values):
-            return None
-        sx, zx = self._constant(lhs.args[1]), self._constant(lhs.args[2])
-        wq, sw, zw = (self._constant(a) for a in rhs.args)
+        sx, zx = constant_value(self, lhs.args[1]), constant_value(self, lhs.args[2])
+        wq, sw, zw = (constant_value(self, a) for a in rhs.args)
         if any(v is None for v in (sx, zx, wq, sw, zw)) or sx.size != 1 or zx.size != 1:
             return None
         if wq.ndim != 2 or wq.dtype not in (np.int8, np.uint8):
@@ -144,32 +142,16 @@ class _Rewriter(relax.PyExprMutator):
         if transposed:
             wq, axis = np.ascontiguousarray(wq.T), 1 - axis
         k, n = wq.shape
-        if int(x_ty.shape.values[-1]) != k:
+        if int(xq.ty.shape.values[-1]) != k:
             return None
         if sw.size not in (1, n) or zw.size not in (1, n) or (sw.size == n and axis != 1):
             return None
         w32 = wq.astype(np.int64) - zw.reshape(-1).astype(np.int64)
         if w32.min(initial=0) < -128 or w32.max(initial=0) > 127:
             return None
-        x, zero_point = xq, int(zx.reshape(()))
-        if str(x_ty.dtype) == "int8":  # VNNI takes unsigned A: shift by 128
-            shifted = relax.op.add(relax.op.astype(x, "int32"), relax.const(128, "int32"))
-            x = self.builder_.emit(relax.op.astype(shifted, "uint8"))
-            zero_point += 128
-        compensation = zero_point * w32.sum(axis=0)
-        if np.abs(compensation).max(initial=0) >= 2**31:
+        acc = emit_int8_gemm(self.builder_, self.target, xq, int(zx.reshape(())), w32)
+        if acc is None:
             return None
-        if k % 4:  # K in groups of 4: zero rows of W (and zero columns of x) add nothing
-            pad = 4 - k % 4
-            w32 = np.concatenate([w32, np.zeros((pad, n), w32.dtype)])
-            x = self.builder_.emit(relax.op.nn.pad(x, [0, 0] * (x_ty.ndim - 1) + [0, pad]))
-        nr = panel_for(self.target, "uint8", int(x_ty.shape.values[-2]), n, w32.shape[0])
-        if nr is None:
-            return None
-        acc = self.builder_.emit(self.builder_.call_te(
-            int8_packed_matmul, x, relax.const(pack_weight_vnni(w32.astype(np.int8), nr)),
-            relax.const(compensation.astype(np.int32)), n,
-            primfunc_name_hint=INT8_PACKED_MATMUL))
         scale = (np.float32(sx.reshape(())) * np.broadcast_to(sw.reshape(-1), (n,))).astype(
             np.float32)
         out = self.builder_.emit(relax.op.multiply(relax.op.astype(acc, "float32"),
@@ -179,22 +161,22 @@ class _Rewriter(relax.PyExprMutator):
 
     # -- step 2 ----------------------------------------------------------------------------------
     def _requantize(self, call: relax.Call):
-        sy, zy = self._constant(call.args[1]), self._constant(call.args[2])
+        sy, zy = constant_value(self, call.args[1]), constant_value(self, call.args[2])
         if sy is None or zy is None or sy.size != 1 or zy.size != 1:
             return None
         dtype = str(call.attrs.out_dtype)
         if dtype not in ("uint8", "int8"):
             return None
         expr, relu, bias = call.args[0], False, None
-        node = self._bound(expr)
-        if _is_op(node, "relax.nn.relu"):
+        node = bound_value(self, expr)
+        if is_op(node, "relax.nn.relu"):
             relu, expr = True, node.args[0]
-            node = self._bound(expr)
-        if _is_op(node, "relax.add"):
+            node = bound_value(self, expr)
+        if is_op(node, "relax.add"):
             a, b = node.args
             if self._gemm_of(a) is None:
                 a, b = b, a
-            bias = self._constant(b)
+            bias = constant_value(self, b)
             if bias is None:
                 return None
             expr = a
@@ -233,23 +215,3 @@ class _Rewriter(relax.PyExprMutator):
                 return None
             expr = value
         return None
-
-    # -- helpers ---------------------------------------------------------------------------------
-    def _constant(self, expr: relax.Expr) -> np.ndarray | None:
-        expr = self._bound(expr)
-        if isinstance(expr, tvm.ir.GenericConst):
-            return expr.value.numpy()
-        return None
-
-    def _bound(self, expr: relax.Expr) -> relax.Expr:
-        while isinstance(expr, relax.Var):
-            value = self.lookup_binding(expr)
-            if value is None:
-                return expr
-            expr = value
-        return expr
-
-
-def _is_op(expr: relax.Expr, name: str) -> bool:
-    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and \
-        expr.op.name == name

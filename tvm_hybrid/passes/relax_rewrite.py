@@ -1,0 +1,74 @@
+"""What the graph rewrites share: run a mutator over a module, look through bindings.
+
+Each pass of this package is a ``relax.PyExprMutator`` that matches calls and replaces them;
+these helpers keep the plumbing in one place.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.ir.prim.expr import IntImm
+
+
+def rewrite_functions(mod: tvm.IRModule, mutator: relax.PyExprMutator, *,
+                      eliminate_dead_code: bool = False) -> tvm.IRModule:
+    """``mod`` with every Relax function visited by ``mutator``.
+
+    With ``eliminate_dead_code``, bindings the rewrite left unused (the ops it replaced) are
+    removed.
+    """
+    for gvar, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function):
+            mutator.builder_.update_func(gvar, mutator.visit_expr(func))
+    out = mutator.builder_.get()
+    return relax.transform.DeadCodeElimination()(out) if eliminate_dead_code else out
+
+
+def bound_value(mutator: relax.PyExprMutator, expr: relax.Expr) -> relax.Expr:
+    """The expression ``expr`` stands for, following variable bindings."""
+    while isinstance(expr, relax.Var):
+        value = mutator.lookup_binding(expr)
+        if value is None:
+            return expr
+        expr = value
+    return expr
+
+
+def is_op(expr: relax.Expr, name: str) -> bool:
+    """Whether ``expr`` is a call of the Relax operator ``name``."""
+    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and \
+        expr.op.name == name
+
+
+def is_static_tensor(ty, dtypes: tuple[str, ...], min_ndim: int = 2) -> bool:
+    """Whether ``ty`` is a tensor type of one of ``dtypes`` with a known, static shape."""
+    return (isinstance(ty, relax.TensorType) and str(ty.dtype) in dtypes
+            and ty.shape is not None and ty.ndim >= min_ndim
+            and all(isinstance(d, IntImm) for d in ty.shape.values))
+
+
+def constant_value(mutator: relax.PyExprMutator, expr: relax.Expr) -> np.ndarray | None:
+    """The numpy value of ``expr`` if it is a constant, a cast of one, or an integer sum or
+    difference of such.
+
+    (FoldConstant leaves ``astype(const)`` and ``const - astype(const)`` of zero points
+    unfolded.) None otherwise, or when an integer result would not fit its dtype.
+    """
+    expr = bound_value(mutator, expr)
+    if isinstance(expr, tvm.ir.GenericConst):
+        return expr.value.numpy()
+    if is_op(expr, "relax.astype"):
+        value = constant_value(mutator, expr.args[0])
+        return None if value is None else value.astype(str(expr.ty.dtype))
+    integer = isinstance(expr, relax.Call) and "int" in str(getattr(expr.ty, "dtype", ""))
+    for name, combine in (("relax.subtract", np.subtract), ("relax.add", np.add)):
+        if integer and is_op(expr, name):
+            a, b = (constant_value(mutator, arg) for arg in expr.args)
+            if a is None or b is None:
+                return None
+            exact = combine(a.astype(np.int64), b.astype(np.int64))
+            result = exact.astype(str(expr.ty.dtype))
+            return result if np.array_equal(result, exact) else None
+    return None
