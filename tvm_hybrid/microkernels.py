@@ -379,6 +379,55 @@ def _tile_functions(mr: int, nr: int, kc: int, lanes: int, dtype: str):
     return (desc_one_row if mr == 1 else desc), impl
 
 
+def _grouped_desc(mr: int, nr: int, kc: int, a_dtype: str, b_dtype: str, acc: str, group: int):
+    """The description of a tile whose ``B`` is packed with ``group`` consecutive ``k``::
+
+        C[mr, nr] (acc) += acc(A[mr, kc]) * acc(B[kc / group, nr, group])
+
+    shared by the VNNI (group 4), widening int8 (4) and bf16 (2) microkernels.
+    """
+    rows = kc // group
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, b: T.handle, c: T.handle):
+        lda = T.int32()
+        ldb = T.int32()
+        ldc = T.int32()
+        A = T.match_buffer(a, (mr, kc), a_dtype, offset_factor=1, strides=[lda, 1])
+        B = T.match_buffer(b, (rows, nr, group), b_dtype, offset_factor=1,
+                           strides=[ldb, group, 1])
+        C = T.match_buffer(c, (mr, nr), acc, offset_factor=1, strides=[ldc, 1], scope="local")
+        with T.sblock("root"):
+            T.reads(C[0:mr, 0:nr], A[0:mr, 0:kc], B[0:rows, 0:nr, 0:group])
+            T.writes(C[0:mr, 0:nr])
+            for i, j, kk in T.grid(mr, nr, kc):
+                with T.sblock("update"):
+                    vi, vj, vk = T.axis.remap("SSR", [i, j, kk])
+                    C[vi, vj] = C[vi, vj] + T.Cast(acc, A[vi, vk]) * T.Cast(
+                        acc, B[vk // group, vj, vk % group])
+
+    @T.prim_func(s_tir=True)
+    def desc_one_row(a: T.handle, b: T.handle, c: T.handle):
+        # With mr == 1 blockize keeps the unit row loop but drops its block var: match that.
+        lda = T.int32()
+        ldb = T.int32()
+        ldc = T.int32()
+        A = T.match_buffer(a, (mr, kc), a_dtype, offset_factor=1, strides=[lda, 1])
+        B = T.match_buffer(b, (rows, nr, group), b_dtype, offset_factor=1,
+                           strides=[ldb, group, 1])
+        C = T.match_buffer(c, (mr, nr), acc, offset_factor=1, strides=[ldc, 1], scope="local")
+        with T.sblock("root"):
+            T.reads(C[0:mr, 0:nr], A[0:mr, 0:kc], B[0:rows, 0:nr, 0:group])
+            T.writes(C[0:mr, 0:nr])
+            for _i, j, kk in T.grid(1, nr, kc):
+                with T.sblock("update"):
+                    vj, vk = T.axis.remap("SR", [j, kk])
+                    C[0, vj] = C[0, vj] + T.Cast(acc, A[0, vk]) * T.Cast(
+                        acc, B[vk // group, vj, vk % group])
+
+    return desc_one_row if mr == 1 else desc
+
+
 def _vnni_tile_functions(mr: int, nr: int, kc: int, lanes: int, vector_bits: int):
     """``C[mr, nr] (s32) += A[mr, kc] (u8) * B[kc / 4, nr, 4] (s8)`` with ``vpdpbusd``."""
     if kc % 4:
@@ -387,42 +436,6 @@ def _vnni_tile_functions(mr: int, nr: int, kc: int, lanes: int, vector_bits: int
     groups = kc // 4
     byte_lanes = lanes * 4
     intrinsic = f"llvm.x86.avx512.vpdpbusd.{vector_bits}"
-
-    @T.prim_func(s_tir=True)
-    def desc(a: T.handle, b: T.handle, c: T.handle):
-        lda = T.int32()
-        ldb = T.int32()
-        ldc = T.int32()
-        A = T.match_buffer(a, (mr, kc), "uint8", offset_factor=1, strides=[lda, 1])
-        B = T.match_buffer(b, (groups, nr, 4), "int8", offset_factor=1, strides=[ldb, 4, 1])
-        C = T.match_buffer(c, (mr, nr), "int32", offset_factor=1, strides=[ldc, 1],
-                           scope="local")
-        with T.sblock("root"):
-            T.reads(C[0:mr, 0:nr], A[0:mr, 0:kc], B[0:groups, 0:nr, 0:4])
-            T.writes(C[0:mr, 0:nr])
-            for i, j, kk in T.grid(mr, nr, kc):
-                with T.sblock("update"):
-                    vi, vj, vk = T.axis.remap("SSR", [i, j, kk])
-                    C[vi, vj] = C[vi, vj] + T.Cast("int32", A[vi, vk]) * T.Cast(
-                        "int32", B[vk // 4, vj, vk % 4])
-
-    @T.prim_func(s_tir=True)
-    def desc_one_row(a: T.handle, b: T.handle, c: T.handle):
-        lda = T.int32()
-        ldb = T.int32()
-        ldc = T.int32()
-        A = T.match_buffer(a, (mr, kc), "uint8", offset_factor=1, strides=[lda, 1])
-        B = T.match_buffer(b, (groups, nr, 4), "int8", offset_factor=1, strides=[ldb, 4, 1])
-        C = T.match_buffer(c, (mr, nr), "int32", offset_factor=1, strides=[ldc, 1],
-                           scope="local")
-        with T.sblock("root"):
-            T.reads(C[0:mr, 0:nr], A[0:mr, 0:kc], B[0:groups, 0:nr, 0:4])
-            T.writes(C[0:mr, 0:nr])
-            for _i, j, kk in T.grid(1, nr, kc):
-                with T.sblock("update"):
-                    vj, vk = T.axis.remap("SR", [j, kk])
-                    C[0, vj] = C[0, vj] + T.Cast("int32", A[0, vk]) * T.Cast(
-                        "int32", B[vk // 4, vj, vk % 4])
 
     @T.prim_func(s_tir=True)
     def impl(a: T.handle, b: T.handle, c: T.handle):
@@ -450,7 +463,7 @@ def _vnni_tile_functions(mr: int, nr: int, kc: int, lanes: int, vector_bits: int
                             B.vload([g, v * lanes, 0], f"int8x{byte_lanes}"),
                             dtype=f"int32x{lanes}")
 
-    return (desc_one_row if mr == 1 else desc), impl
+    return _grouped_desc(mr, nr, kc, "uint8", "int8", "int32", 4), impl
 
 
 def _bf16_tile_functions(mr: int, nr: int, kc: int, lanes: int):
@@ -459,42 +472,6 @@ def _bf16_tile_functions(mr: int, nr: int, kc: int, lanes: int):
         raise ValueError(f"the bf16 microkernel needs an even K, got K = {kc}")
     vectors = nr // lanes
     pairs = kc // 2
-
-    @T.prim_func(s_tir=True)
-    def desc(a: T.handle, b: T.handle, c: T.handle):
-        lda = T.int32()
-        ldb = T.int32()
-        ldc = T.int32()
-        A = T.match_buffer(a, (mr, kc), "bfloat16", offset_factor=1, strides=[lda, 1])
-        B = T.match_buffer(b, (pairs, nr, 2), "bfloat16", offset_factor=1, strides=[ldb, 2, 1])
-        C = T.match_buffer(c, (mr, nr), "float32", offset_factor=1, strides=[ldc, 1],
-                           scope="local")
-        with T.sblock("root"):
-            T.reads(C[0:mr, 0:nr], A[0:mr, 0:kc], B[0:pairs, 0:nr, 0:2])
-            T.writes(C[0:mr, 0:nr])
-            for i, j, kk in T.grid(mr, nr, kc):
-                with T.sblock("update"):
-                    vi, vj, vk = T.axis.remap("SSR", [i, j, kk])
-                    C[vi, vj] = C[vi, vj] + T.Cast("float32", A[vi, vk]) * T.Cast(
-                        "float32", B[vk // 2, vj, vk % 2])
-
-    @T.prim_func(s_tir=True)
-    def desc_one_row(a: T.handle, b: T.handle, c: T.handle):
-        lda = T.int32()
-        ldb = T.int32()
-        ldc = T.int32()
-        A = T.match_buffer(a, (mr, kc), "bfloat16", offset_factor=1, strides=[lda, 1])
-        B = T.match_buffer(b, (pairs, nr, 2), "bfloat16", offset_factor=1, strides=[ldb, 2, 1])
-        C = T.match_buffer(c, (mr, nr), "float32", offset_factor=1, strides=[ldc, 1],
-                           scope="local")
-        with T.sblock("root"):
-            T.reads(C[0:mr, 0:nr], A[0:mr, 0:kc], B[0:pairs, 0:nr, 0:2])
-            T.writes(C[0:mr, 0:nr])
-            for _i, j, kk in T.grid(1, nr, kc):
-                with T.sblock("update"):
-                    vj, vk = T.axis.remap("SR", [j, kk])
-                    C[0, vj] = C[0, vj] + T.Cast("float32", A[0, vk]) * T.Cast(
-                        "float32", B[vk // 2, vj, vk % 2])
 
     @T.prim_func(s_tir=True)
     def impl(a: T.handle, b: T.handle, c: T.handle):
@@ -519,7 +496,7 @@ def _bf16_tile_functions(mr: int, nr: int, kc: int, lanes: int):
                             T.reinterpret(B.vload([g, v * lanes, 0], f"bfloat16x{2 * lanes}"),
                                           dtype=f"int32x{lanes}"))
 
-    return (desc_one_row if mr == 1 else desc), impl
+    return _grouped_desc(mr, nr, kc, "bfloat16", "bfloat16", "float32", 2), impl
 
 
 def _amx_block_functions(in_dtype: str, mb: int, nb: int, kc: int):
@@ -619,42 +596,6 @@ def _widening_int8_tile_functions(mr: int, nr: int, kc: int):
     quads = nr // 4
 
     @T.prim_func(s_tir=True)
-    def desc(a: T.handle, b: T.handle, c: T.handle):
-        lda = T.int32()
-        ldb = T.int32()
-        ldc = T.int32()
-        A = T.match_buffer(a, (mr, kc), "uint8", offset_factor=1, strides=[lda, 1])
-        B = T.match_buffer(b, (groups, nr, 4), "int8", offset_factor=1, strides=[ldb, 4, 1])
-        C = T.match_buffer(c, (mr, nr), "int32", offset_factor=1, strides=[ldc, 1],
-                           scope="local")
-        with T.sblock("root"):
-            T.reads(C[0:mr, 0:nr], A[0:mr, 0:kc], B[0:groups, 0:nr, 0:4])
-            T.writes(C[0:mr, 0:nr])
-            for i, j, kk in T.grid(mr, nr, kc):
-                with T.sblock("update"):
-                    vi, vj, vk = T.axis.remap("SSR", [i, j, kk])
-                    C[vi, vj] = C[vi, vj] + T.Cast("int32", A[vi, vk]) * T.Cast(
-                        "int32", B[vk // 4, vj, vk % 4])
-
-    @T.prim_func(s_tir=True)
-    def desc_one_row(a: T.handle, b: T.handle, c: T.handle):
-        lda = T.int32()
-        ldb = T.int32()
-        ldc = T.int32()
-        A = T.match_buffer(a, (mr, kc), "uint8", offset_factor=1, strides=[lda, 1])
-        B = T.match_buffer(b, (groups, nr, 4), "int8", offset_factor=1, strides=[ldb, 4, 1])
-        C = T.match_buffer(c, (mr, nr), "int32", offset_factor=1, strides=[ldc, 1],
-                           scope="local")
-        with T.sblock("root"):
-            T.reads(C[0:mr, 0:nr], A[0:mr, 0:kc], B[0:groups, 0:nr, 0:4])
-            T.writes(C[0:mr, 0:nr])
-            for _i, j, kk in T.grid(1, nr, kc):
-                with T.sblock("update"):
-                    vj, vk = T.axis.remap("SR", [j, kk])
-                    C[0, vj] = C[0, vj] + T.Cast("int32", A[0, vk]) * T.Cast(
-                        "int32", B[vk // 4, vj, vk % 4])
-
-    @T.prim_func(s_tir=True)
     def impl(a: T.handle, b: T.handle, c: T.handle):
         lda = T.int32()
         ldb = T.int32()
@@ -684,4 +625,4 @@ def _widening_int8_tile_functions(mr: int, nr: int, kc: int):
             for i, j in T.grid(mr, nr):
                 C[i, j] = C[i, j] + parts[i, j * 2] + parts[i, j * 2 + 1]
 
-    return (desc_one_row if mr == 1 else desc), impl
+    return _grouped_desc(mr, nr, kc, "uint8", "int8", "int32", 4), impl
