@@ -140,13 +140,13 @@ def _load_records(path: str | os.PathLike, target: tvm.target.Target) -> ms.data
         )
     try:
         database = ms.database.JSONDatabase(str(workloads), str(records), allow_missing=False)
-        made = {str(r.target) for r in database.get_all_tuning_records() if r.target is not None}
+        made = [r.target for r in database.get_all_tuning_records() if r.target is not None]
     except Exception as err:
         raise TuningRecordsError(f"{source}: unreadable tuning records ({err})") from None
     wanted = target_identity(target)
-    for text in made:
-        if target_identity(tvm.target.Target(text)) != {**wanted}:
+    for other in made:
+        if target_identity(other) != wanted:
             raise TuningRecordsError(
-                f"{source} was tuned for another target ({text}); compiling for {target}"
+                f"{source} was tuned for another target ({other}); compiling for {target}"
             )
     return database

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import tvm
+from tvm import s_tir
 from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 
@@ -53,6 +54,7 @@ class Task:
         self.name = extracted.task_name
         self.weight = int(extracted.weight)
         self.mod = extracted.dispatched[0]
+        self.key = workload_key(self.mod)
         self.space = space
         self.budget = 1
 
@@ -214,16 +216,15 @@ def tune(
     split_budget(tasks, trials)
     measurer = Measurer(tgt, rpc=rpc)
     total = sum(t.budget for t in tasks)
-    done = sum(min(len(records.tasks[workload_key(t.mod)].state.trials), t.budget)
-               for t in tasks if workload_key(t.mod) in records.tasks)
+    done = sum(min(len(records.tasks[t.key].state.trials), t.budget)
+               for t in tasks if t.key in records.tasks)
     bar = _progress(total, done, progress)
     try:
         for index, task in enumerate(tasks, 1):
-            key = workload_key(task.mod)
             kind = search if task.templated else "metaschedule"
-            entry = records.tasks.get(key) or TaskRecords(
+            entry = records.tasks.get(task.key) or TaskRecords(
                 task.name, task.weight, ms.database.Workload(task.mod), search=kind)
-            records.tasks[key] = entry
+            records.tasks[task.key] = entry
             bar.set_description(f"task {index}/{len(tasks)} {task.name[:40]}")
             started = time.perf_counter()
             if task.templated and search == "neighbourhood":
@@ -268,30 +269,27 @@ def _start_records(path: Path, target: Target, source: str, resume: bool) -> Rec
 def _neighbourhood(task: Task, entry: TaskRecords, measurer: Measurer, target: Target,
                    records: RecordsFile, path: Path, bar, batch: int, seed: int) -> None:
     args_info = ms.arg_info.ArgInfo.from_prim_func(task.mod["main"])
-    schedules: dict[str, object] = {}
+    batch_schedules: dict[str, s_tir.Schedule] = {}  # the last round's, by configuration key
 
     def measure(configs):
-        mods, slots, seconds = [], [], [math.inf] * len(configs)
-        for i, config in enumerate(configs):
+        batch_schedules.clear()
+        for config in configs:
             try:
-                sch = task.space.schedule(config)
+                batch_schedules[config_key(config)] = task.space.schedule(config)
             except ValueError:
-                continue
-            schedules[i] = sch
-            mods.append(sch.mod)
-            slots.append(i)
-        for i, runs in zip(slots, measurer.measure(mods, args_info) if mods else []):
-            seconds[i] = median(runs)
-        measure.last = {i: schedules.pop(i) for i in slots}
-        return seconds
+                pass
+        keys = list(batch_schedules)
+        runs = measurer.measure([batch_schedules[k].mod for k in keys], args_info) if keys \
+            else []
+        seconds = dict(zip(keys, (median(r) for r in runs)))
+        return [seconds.get(config_key(c), math.inf) for c in configs]
 
     def on_batch(state: SearchState, trials: list[Trial]) -> None:
         best = state.best()
-        for i, trial in enumerate(trials):
-            if best is not None and trial is best and i in measure.last:
-                sch = measure.last[i]
-                entry.best = ms.database.TuningRecord(
-                    sch.trace, entry.workload, [best.seconds], target, args_info)
+        if best is not None and best.key in batch_schedules:  # a new best in this round
+            entry.best = ms.database.TuningRecord(batch_schedules[best.key].trace,
+                                                  entry.workload, [best.seconds], target,
+                                                  args_info)
         _advance(bar, entry, len(trials))
         records.save(path)
 
