@@ -299,8 +299,10 @@ def _cmd_info(args) -> int:
     if args.json:
         print(json.dumps(info, indent=1))
         return 0
-    print(f"CPU            {info['cpu']} ({info['physical_cores']} physical cores, "
-          f"TVM threads {info['threads']})")
+    print(f"CPU            {info['cpu']} ({info['model']}; {info['physical_cores']} physical "
+          f"cores, TVM threads {info['threads']})")
+    if "emulating" in info:
+        print(f"emulating      {info['emulating']}")
     print(f"ISA tiers      {', '.join(info['isa']) or 'baseline x86-64'}")
     cache = info["cache"]
     print(f"caches         L1d {cache['l1d'] // 1024} KiB, L2 {cache['l2'] // 1024} KiB, "

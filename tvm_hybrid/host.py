@@ -4,12 +4,19 @@
 builds a JSON :class:`tvm.target.Target` with ``mcpu`` and ``num-cores``. An explicit target (a
 dict, a JSON string, or a ``Target``) is validated: tvm_hybrid generates x86 code, so the kind must
 be ``llvm`` with an x86 CPU LLVM knows.
+
+``TVM_HYBRID_HOST_CPU=<mcpu>`` makes this machine behave as an older CPU: ``"host"`` compiles for
+that CPU and only its ISA features count as present (for what is selected, what may run, and which
+tests run). It may only take features away: naming a CPU with a vector or matrix ISA this machine
+lacks raises :class:`~tvm_hybrid.errors.TargetError`. It is how an AVX-512 machine checks the
+AVX2-only path (``TVM_HYBRID_HOST_CPU=znver3``, ``haswell``), e.g. before a fleet of older hosts.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from functools import cache
 from pathlib import Path
 
@@ -43,10 +50,44 @@ class CacheSizes:
     l3: int = 16 * 1024 * 1024
 
 
+#: Environment variable that makes this machine act as an older CPU (module docstring).
+HOST_CPU_VARIABLE = "TVM_HYBRID_HOST_CPU"
+
+
+@cache
+def real_host_cpu() -> str:
+    """LLVM's name for the CPU this process runs on (:data:`HOST_CPU_VARIABLE` aside)."""
+    return str(codegen.llvm_get_system_cpu())
+
+
 @cache
 def host_cpu() -> str:
-    """LLVM's name for the running CPU, e.g. ``znver5`` or ``sapphirerapids``."""
-    return str(codegen.llvm_get_system_cpu())
+    """LLVM's name for the host CPU, e.g. ``znver5`` or ``sapphirerapids``.
+
+    The running CPU, or the one :data:`HOST_CPU_VARIABLE` names (checked to ask for no ISA the
+    running CPU lacks).
+
+    Raises
+    ------
+    TargetError
+        When the variable names a CPU LLVM does not know, or one with vector or matrix features
+        the running CPU lacks (its code would fault here).
+    """
+    wanted = os.environ.get(HOST_CPU_VARIABLE, "").strip()
+    real = real_host_cpu()
+    if not wanted or wanted == real:
+        return real
+    real_target = Target({"kind": "llvm", "mcpu": real})
+    known = {str(c) for c in codegen.llvm_get_cpu_archlist(real_target)}
+    if wanted not in known:
+        raise TargetError(f"{HOST_CPU_VARIABLE}={wanted!r} is not a CPU LLVM {_llvm_major()} "
+                          f"knows (e.g. haswell, znver3, skylake-avx512, znver5)")
+    extra = _isa_features(Target({"kind": "llvm", "mcpu": wanted})) - _isa_features(real_target)
+    if extra:
+        raise TargetError(
+            f"{HOST_CPU_VARIABLE}={wanted} would use {', '.join(sorted(extra))}, which this CPU "
+            f"({real}) lacks; it can only emulate a CPU with fewer ISA features")
+    return wanted
 
 
 @cache
@@ -231,17 +272,32 @@ def _isa_features(target: Target) -> frozenset[str]:
     return frozenset(f for f in target_features(target) if f in watched)
 
 
+@cache
+def cpu_model_name() -> str:
+    """The CPU's marketing name from ``/proc/cpuinfo`` (``"unknown"`` where it says none)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
 def describe_host() -> dict:
     """Report what tvm_hybrid sees on this machine.
 
     Returns
     -------
     dict
-        ``cpu`` (LLVM's name), ``physical_cores``, ``threads`` (TVM's pool size), ``isa`` (the
-        :data:`ISA_TIERS` found), ``cache`` (bytes), ``llvm`` and ``tvm`` versions.
+        ``cpu`` (LLVM's name), ``model`` (the CPU's own name), ``physical_cores``, ``threads``
+        (TVM's pool size), ``isa`` (the :data:`ISA_TIERS` found), ``cache`` (bytes), ``llvm``
+        and ``tvm`` versions; and
+        ``emulating`` when :data:`HOST_CPU_VARIABLE` makes the machine act as another CPU.
     """
-    return {
+    info = {
         "cpu": host_cpu(),
+        "model": cpu_model_name(),
         "physical_cores": physical_cores(),
         "threads": num_threads(),
         "isa": isa_tiers(host_features()),
@@ -249,3 +305,6 @@ def describe_host() -> dict:
         "llvm": _llvm_major(),
         "tvm": tvm.__version__,
     }
+    if host_cpu() != real_host_cpu():
+        info["emulating"] = f"{host_cpu()} on a {real_host_cpu()} ({HOST_CPU_VARIABLE})"
+    return info
