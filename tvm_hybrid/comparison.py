@@ -42,6 +42,23 @@ class Comparison:
         return next((r for r in self.results if r.name == name), None)
 
 
+def host_banner() -> str:
+    """What a benchmark ran on: the CPU, its ISA tier, cores and threads (one line), plus a
+    note when ``TVM_HYBRID_HOST_CPU`` emulates another CPU (hybrid then compiles for that CPU,
+    while peer runtimes pick their code from the real one)."""
+    from .host import describe_host
+
+    info = describe_host()
+    tiers = info["isa"]
+    line = (f"CPU {info['model']} (LLVM {info['cpu']}), ISA tier "
+            f"{tiers[-1] if tiers else 'baseline x86-64'} ({', '.join(tiers)}), "
+            f"{info['physical_cores']} cores, TVM threads {info['threads']}")
+    if "emulating" in info:
+        line += (f"\nemulating {info['emulating']}: hybrid's code is for that CPU; peers "
+                 "use the real CPU's instructions")
+    return line
+
+
 def compare(
     name: str,
     model: onnx.ModelProto,

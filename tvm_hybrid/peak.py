@@ -1,15 +1,27 @@
-"""Measure the machine's fp32 peak: the FMA rate of a register-resident kernel, and the clock.
+"""Measure the machine's peaks: the rate of a register-resident microkernel for each number kind.
 
 The OS-reported clock is wrong on virtual machines (this project's 2-core VM says 2.6 GHz while
-the cores run above 4 GHz), so a nominal peak from it is meaningless. Instead a kernel with
-``mr x nr / lanes`` independent accumulators (enough to fill both FMA pipes), whose operands sit
-in L1, runs for a fixed number of FMAs on every core; its rate is the sustainable fp32 peak, and
-dividing by the FMAs each core can issue per cycle gives the effective clock::
+the cores run above 4 GHz), so a nominal peak from it is meaningless. Instead a kernel shaped
+like our microkernels (``mr`` broadcasts of ``A`` and ``nv`` vectors of ``B`` per step, ``mr x nv``
+independent accumulators, enough to fill the pipes), whose operands sit in L1, runs on every
+core; its rate is the sustainable peak of that instruction sequence:
+
+========  ====================================================  ========================
+kind      instruction sequence (per accumulator update)         multiply-adds per update
+========  ====================================================  ========================
+fp32      ``vfmadd231ps`` (zmm with AVX-512, else ymm)           lanes
+int8      ``vpdpbusd`` (AVX512-VNNI zmm, AVX-VNNI ymm), or       4 x lanes
+          ``vpmaddubsw`` + ``vpmaddwd`` + ``vpaddd`` on AVX2
+          (ONNX Runtime's saturating form: the AVX2 int8 peak)
+bf16      ``vdpbf16ps`` (AVX512-BF16 only)                       2 x lanes
+========  ====================================================  ========================
+
+Rates count 2 operations per multiply-add. The fp32 rate also gives the effective clock::
 
     clock = rate / (cores * fma_pipes * lanes * 2)
 
-``fma_pipes`` is 2 on every AVX-512 or AVX2 core this project targets (Zen 4/5, Skylake-SP and
-later Xeons).
+with ``fma_pipes`` = 2 on every AVX2 or AVX-512 core this project targets (Haswell and later,
+Zen 2 to Zen 5).
 """
 
 from __future__ import annotations
@@ -18,83 +30,168 @@ import dataclasses
 
 import numpy as np
 import tvm
-from tvm import s_tir, te
+from tvm.script import tirx as T
 from tvm.target import Target
 
-from .host import host_target
-from .microkernels import fp32_microkernels
+from .host import host_target, target_features
+from .microkernels import _DPBF16PS_IR
 from .thread_pool import num_threads
 
 FMA_PIPES = 2
+_PANEL = 64  # steps whose operands cycle through L1
+_REPEATS = 1 << 13
 
 
 @dataclasses.dataclass(frozen=True)
 class Peak:
-    """A measured fp32 peak."""
+    """A measured peak: ``gops`` G operations per second (2 per multiply-add) on ``cores``."""
 
-    gflops: float
-    clock_ghz: float
+    kind: str
+    instruction: str
+    gops: float
     cores: int
     lanes: int
 
+    @property
+    def gflops(self) -> float:
+        """Alias of :attr:`gops` for floating-point kinds."""
+        return self.gops
+
+    @property
+    def clock_ghz(self) -> float:
+        """The effective clock, from an fp32 peak (2 FMA pipes per core)."""
+        if self.kind != "fp32":
+            raise ValueError("the clock is derived from the fp32 peak only")
+        return self.gops / (self.cores * FMA_PIPES * self.lanes * 2)
+
     def describe(self) -> str:
-        return (f"{self.gflops:.0f} GFLOP/s measured = {self.cores} cores x "
-                f"{self.clock_ghz:.2f} GHz x {FMA_PIPES * self.lanes * 2} FLOP/cycle")
+        unit = "GOP/s" if self.kind == "int8" else "GFLOP/s"
+        text = (f"{self.kind} {self.gops:.0f} {unit} measured ({self.instruction}, "
+                f"{self.cores} cores")
+        if self.kind == "fp32":
+            text += f" x {self.clock_ghz:.2f} GHz x {FMA_PIPES * self.lanes * 2} FLOP/cycle"
+        return text + ")"
 
-    @property
-    def bf16_gflops(self) -> float:
-        """The AVX512-BF16 peak at the measured clock: ``vdpbf16ps`` issues on the FMA pipes,
-        each doing 2 multiply-adds per 32-bit lane (twice the fp32 rate)."""
-        return 2 * self.gflops
 
-    @property
-    def vnni_gops(self) -> float:
-        """The u8 x s8 VNNI peak at the measured clock: ``vpdpbusd`` issues on the same pipes as
-        FMA, each doing 4 multiply-adds per 32-bit lane (256 int8 ops/cycle/core with
-        AVX-512)."""
-        return self.cores * self.clock_ghz * FMA_PIPES * self.lanes * 4 * 2
+def peak_instruction(kind: str, target: Target | None = None) -> tuple[str, int] | None:
+    """``(instruction, vector bits)`` :func:`measure_peak` times for ``kind`` on ``target``.
+
+    None when the target has no such instruction (bf16 without AVX512-BF16, anything without
+    AVX2).
+    """
+    features = target_features(target or host_target())
+    wide = "avx512f" in features
+    if kind == "fp32":
+        if wide:
+            return "vfmadd231ps zmm", 512
+        return ("vfmadd231ps ymm", 256) if {"avx2", "fma"} <= features else None
+    if kind == "int8":
+        if "avx512vnni" in features and wide:
+            return "vpdpbusd zmm", 512
+        if "avxvnni" in features:
+            return "vpdpbusd ymm", 256
+        return ("vpmaddubsw+vpmaddwd ymm", 256) if "avx2" in features else None
+    if kind == "bf16":
+        return ("vdpbf16ps zmm", 512) if "avx512bf16" in features and wide else None
+    raise ValueError(f"unknown peak kind {kind!r}: use 'fp32', 'int8' or 'bf16'")
+
+
+def measure_peak(kind: str = "fp32", target: Target | None = None,
+                 cores: int | None = None) -> Peak:
+    """Run the ``kind`` throughput kernel (module docstring) on ``cores`` threads.
+
+    Parameters
+    ----------
+    kind
+        ``"fp32"``, ``"int8"`` or ``"bf16"``.
+    target
+        The target to compile the kernel for (default: the host). It must run here.
+    cores
+        Threads to run on (default: TVM's thread count).
+
+    Raises
+    ------
+    RuntimeError
+        When the target has no instruction for ``kind`` (see :func:`peak_instruction`).
+    """
+    target = target or host_target()
+    cores = cores or num_threads()
+    found = peak_instruction(kind, target)
+    if found is None:
+        raise RuntimeError(f"no {kind} multiply-add instruction for target {target}")
+    instruction, bits = found
+    lanes = bits // 32
+    registers = 32 if bits == 512 else 16
+    # Accumulators to cover the pipes' latency, leaving registers for operands and temporaries.
+    mr, nv = (8, 2) if registers == 32 else ((6, 2) if kind == "fp32" else (4, 2))
+    func = _throughput_kernel(kind, instruction, lanes, mr, nv, cores)
+    lib = tvm.compile(func, target=target)
+    a_dtype = "float32" if kind == "fp32" else "int32"
+    rng = np.random.default_rng(0)
+    if kind == "fp32":
+        a = np.full((cores, _PANEL, mr), 1e-3, "float32")
+        b = np.full((cores, _PANEL, nv, lanes), 1e-3, "float32")
+    else:
+        a = rng.integers(0, 1 << 30, (cores, _PANEL, mr)).astype(a_dtype)
+        b = rng.integers(0, 1 << 30, (cores, _PANEL, nv, lanes)).astype(a_dtype)
+    c = np.zeros((cores, mr, nv, lanes), "float32" if kind != "int8" else "int32")
+    args = [tvm.runtime.tensor(x) for x in (a, b, c)]
+    timer = lib.mod.time_evaluator("main", tvm.cpu(), number=3, repeat=7)
+    seconds = min(timer(*args).results)
+    per_update = {"fp32": 1, "int8": 4, "bf16": 2}[kind] * lanes
+    updates = cores * mr * nv * _PANEL * _REPEATS
+    return Peak(kind, instruction, 2.0 * updates * per_update / seconds / 1e9, cores, lanes)
 
 
 def measure_fp32_peak(target: Target | None = None, cores: int | None = None) -> Peak:
-    """Run the FMA-throughput kernel on ``cores`` threads (default: TVM's thread count)."""
-    target = target or host_target()
-    cores = cores or num_threads()
-    kernels = [k for k in fp32_microkernels(target) if k.mr * k.nr // k.lanes >= 16]
-    if not kernels:
-        raise RuntimeError(f"no fp32 FMA microkernel for target {target}")
-    kernel = min(kernels, key=lambda k: k.mr)
-    mr, nr, lanes = kernel.mr, kernel.nr, kernel.lanes
-    panel, repeats = 64, 1 << 15
-    a = te.placeholder((cores, mr, panel), name="A")
-    b = te.placeholder((cores, panel, nr), name="B")
-    k = te.reduce_axis((0, panel * repeats), name="k")
-    c = te.compute(
-        (cores, mr, nr),
-        lambda p, i, j: te.sum(a[p, i, k % panel] * b[p, k % panel, j], axis=k),
-        name="C",
-    )
-    sch = s_tir.Schedule(te.create_prim_func([a, b, c]))
-    block = sch.get_sblock("C")
-    p, i, j, kk = sch.get_loops(block)
-    k_outer, k_inner = sch.split(kk, [None, panel])
-    acc = sch.cache_write(block, 0, "local")
-    sch.reverse_compute_at(acc, p)
-    sch.parallel(p)
-    sch.reorder(k_outer, k_inner, i, j)
-    sch.unroll(i)
-    vec_outer, vec_inner = sch.split(j, [None, lanes])
-    sch.unroll(vec_outer)
-    sch.vectorize(vec_inner)
-    init = sch.decompose_reduction(block, k_outer)
-    sch.vectorize(sch.get_loops(init)[-1])
-    sch.vectorize(sch.get_loops(acc)[-1])
-    lib = tvm.compile(sch.mod, target=target)
-    args = [
-        tvm.runtime.tensor(np.full(shape, 1e-3, "float32"))
-        for shape in ((cores, mr, panel), (cores, panel, nr), (cores, mr, nr))
-    ]
-    timer = lib.mod.time_evaluator("main", tvm.cpu(), number=3, repeat=7)
-    seconds = min(timer(*args).results)
-    gflops = 2.0 * cores * mr * nr * panel * repeats / seconds / 1e9
-    clock = gflops / (cores * FMA_PIPES * lanes * 2)
-    return Peak(gflops, clock, cores, lanes)
+    """The fp32 peak (:func:`measure_peak` for ``"fp32"``)."""
+    return measure_peak("fp32", target, cores)
+
+
+def _throughput_kernel(kind: str, instruction: str, lanes: int, mr: int, nv: int, cores: int):
+    """``C[p] = sum over steps of update(A[p, step, i], B[p, step, v])`` per accumulator."""
+    bits = lanes * 32
+    acc_dtype = "int32" if kind == "int8" else "float32"
+    vec = f"{acc_dtype}x{lanes}"
+    in_dtype = "float32" if kind == "fp32" else "int32"
+    steps = _PANEL * _REPEATS
+
+    def update(acc, a, b):
+        if kind == "fp32":
+            return T.call_llvm_pure_intrin(vec, "llvm.fma", T.broadcast(a, lanes), b, acc)
+        if kind == "bf16":
+            return T.call_extern(vec, "hybrid_dpbf16ps_512", acc, T.broadcast(a, lanes), b)
+        a_bytes = T.reinterpret(T.broadcast(a, lanes), dtype=f"int8x{4 * lanes}")
+        b_bytes = T.reinterpret(b, dtype=f"int8x{4 * lanes}")
+        if instruction.startswith("vpdpbusd"):
+            return T.call_llvm_pure_intrin(vec, f"llvm.x86.avx512.vpdpbusd.{bits}", acc,
+                                           a_bytes, b_bytes)
+        pairs = T.call_llvm_pure_intrin("int16x16", "llvm.x86.avx2.pmadd.ub.sw", a_bytes,
+                                        b_bytes)
+        return acc + T.call_llvm_pure_intrin(vec, "llvm.x86.avx2.pmadd.wd", pairs,
+                                             T.broadcast(T.int16(1), 16))
+
+    annotations = {"pragma_import_llvm": _DPBF16PS_IR} if kind == "bf16" else {}
+
+    @T.prim_func
+    def kernel(A: T.Buffer((cores, _PANEL, mr), in_dtype),
+               B: T.Buffer((cores, _PANEL, nv, lanes), in_dtype),
+               C: T.Buffer((cores, mr, nv, lanes), acc_dtype)):
+        # Without noalias LLVM must store the accumulators to memory after every update.
+        T.func_attr({"tirx.noalias": True})
+        for p in T.parallel(cores):
+            acc = T.alloc_buffer((mr, nv, lanes), acc_dtype, scope="local")
+            for i in T.unroll(mr):
+                for v in T.unroll(nv):
+                    acc[i, v, T.ramp(0, 1, lanes)] = T.broadcast(T.Cast(acc_dtype, 0), lanes)
+            for step in T.serial(steps, annotations=annotations):
+                for i in T.unroll(mr):
+                    for v in T.unroll(nv):
+                        acc[i, v, T.ramp(0, 1, lanes)] = update(
+                            acc[i, v, T.ramp(0, 1, lanes)], A[p, step % _PANEL, i],
+                            B[p, step % _PANEL, v, T.ramp(0, 1, lanes)])
+            for i in T.unroll(mr):
+                for v in T.unroll(nv):
+                    C[p, i, v, T.ramp(0, 1, lanes)] = acc[i, v, T.ramp(0, 1, lanes)]
+
+    return kernel

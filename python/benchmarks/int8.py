@@ -1,9 +1,9 @@
-"""int8: the u8 x s8 GEMM (``MatMulInteger``) and QDQ MLPs against ONNX Runtime and OpenVINO.
+"""int8: integer GEMMs (``MatMulInteger``) and QDQ MLPs against ONNX Runtime and OpenVINO.
 
 Each runtime's output is checked bit for bit against an int64 numpy reference, then all are
-timed interleaved in one process (medians). GOP/s are printed against the VNNI peak at the
-clock measured by ``tvm_hybrid.peak`` (256 int8 ops/cycle/core with AVX-512 VNNI). This prints
-ratios; it is not a test.
+timed interleaved in one process (medians). GOP/s are printed against the int8 peak measured by
+``tvm_hybrid.peak`` on this CPU: ``vpdpbusd`` with VNNI, else ONNX Runtime's (saturating)
+``vpmaddubsw`` + ``vpmaddwd`` sequence on AVX2. This prints ratios; it is not a test.
 
     python python/benchmarks/int8.py [--rounds 15] [--peers hybrid,onnxruntime,openvino]
 """
@@ -16,8 +16,8 @@ import numpy as np
 
 import tvm_hybrid
 from tvm_hybrid import workloads
-from tvm_hybrid.comparison import compare, format_ratios
-from tvm_hybrid.peak import measure_fp32_peak
+from tvm_hybrid.comparison import compare, format_ratios, host_banner
+from tvm_hybrid.peak import measure_peak
 from tvm_hybrid.peers import available, make_runner
 
 
@@ -26,9 +26,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15, help="interleaved timing rounds")
     parser.add_argument("--peers", default="hybrid,onnxruntime,openvino")
     args = parser.parse_args()
-    print(f"host {tvm_hybrid.describe_host()}")
-    peak = measure_fp32_peak()
-    print(f"fp32 peak {peak.describe()}; VNNI peak at that clock {peak.vnni_gops:.0f} GOP/s")
+    print(host_banner())
+    measured = measure_peak("int8")
+    peak, label = measured.gops, f"of the {measured.instruction} peak"
+    print(f"peak: {measured.describe()}")
     peers = [p.strip() for p in args.peers.split(",")]
     rows = []
     for wl in (workloads.matmul_integer(1024, 1024, 1024),
@@ -47,7 +48,7 @@ def main() -> None:
         kernel_ms = hybrid.benchmark(**wl.inputs)["median_ms"]
         gops = wl.flops / kernel_ms / 1e6
         print(f"  hybrid, device tensors in and out (model.benchmark): {kernel_ms:.3f} ms "
-              f"{gops:.0f} GOP/s ({100 * gops / peak.vnni_gops:.1f}% of VNNI peak)")
+              f"{gops:.0f} GOP/s ({100 * gops / peak:.1f}% {label})")
         print("  numpy in, numpy out, interleaved with the peers:")
         result = compare(wl.name, wl.model, wl.inputs, peers, flops=wl.flops, rounds=args.rounds,
                          rtol=0, atol=0)
@@ -56,7 +57,7 @@ def main() -> None:
             if peer.ok:
                 gops = wl.flops / peer.median_ms / 1e6
                 print(f"  {peer.name:12s} {peer.median_ms:8.3f} ms {gops:7.0f} GOP/s "
-                      f"({100 * gops / peak.vnni_gops:.1f}% of VNNI peak)")
+                      f"({100 * gops / peak:.1f}% {label})")
             else:
                 print(f"  {peer.name:12s} {peer.error}")
     print("\nQDQ MLPs (u8 activations, per-channel s8 weights): hybrid is checked bit for bit")

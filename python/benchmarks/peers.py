@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import argparse
 
-import tvm_hybrid
 from tvm_hybrid import workloads
-from tvm_hybrid.comparison import compare, format_ratios, format_table
+from tvm_hybrid.comparison import compare, format_ratios, format_table, host_banner
 from tvm_hybrid.peak import measure_fp32_peak
 
 
@@ -30,10 +29,10 @@ def main() -> None:
     parser.add_argument("--only", help="run only workloads whose name contains this")
     args = parser.parse_args()
 
-    print(f"host {tvm_hybrid.describe_host()}")
+    print(host_banner())
     measured = measure_fp32_peak()
     peak = measured.gflops
-    print(f"fp32 peak {measured.describe()} (register-resident FMA kernel, operands in L1)")
+    print(f"peak: {measured.describe()} (register-resident FMA kernel, operands in L1)")
     peers = [p.strip() for p in args.peers.split(",")]
     results = []
     for wl in workloads.paper_workloads(quick=args.quick):

@@ -30,7 +30,7 @@ from tvm.s_tir import meta_schedule as ms
 
 import tvm_hybrid
 from tvm_hybrid import workloads
-from tvm_hybrid.comparison import time_interleaved
+from tvm_hybrid.comparison import host_banner, time_interleaved
 from tvm_hybrid.frontend import import_model
 
 #: (workload, hybrid trials); stock MetaSchedule gets 4x as many.
@@ -80,7 +80,7 @@ def main() -> None:
     args = parser.parse_args()
 
     target = tvm_hybrid.make_target("host")
-    print(f"host {tvm_hybrid.describe_host()}")
+    print(host_banner())
     by_name = {wl.name: wl for wl in workloads.paper_workloads()}
     rows = []
     for name, default_trials in DEFAULT:
