@@ -1,6 +1,13 @@
-"""bf16: the AVX512-BF16 microkernel, bf16 models and the precision="bf16" mode."""
+"""bf16: the AVX512-BF16 microkernel, the emulated (widening) one, bf16 models, precision="bf16".
+
+Assembly tests compile for named CPUs (any host); numeric tests run whichever bf16 kernel the
+host has (native with AVX512-BF16, else the emulated one), and the emulated kernel is also run
+here directly (haswell code) wherever the host has AVX2.
+"""
 
 from __future__ import annotations
+
+import re
 
 import ml_dtypes
 import numpy as np
@@ -11,13 +18,9 @@ from tvm import relax
 
 import tvm_hybrid
 from tvm_hybrid import workloads
-from tvm_hybrid.host import make_target
-from tvm_hybrid.microkernels import bf16_microkernels
 from tvm_hybrid.passes.bf16 import BF16_PACKED_MATMUL, pack_weight_bf16
 
-HOST = make_target("host")
-needs_bf16 = pytest.mark.skipif(not bf16_microkernels(HOST),
-                                reason="needs AVX512-BF16 to run the bf16 microkernel")
+HASWELL = {"kind": "llvm", "mcpu": "haswell", "num-cores": 2}
 
 
 def _bf16_kernels(model) -> list[str]:
@@ -52,20 +55,53 @@ def test_bf16_assembly_uses_vdpbf16ps(mcpu):
     assert asm.count("vdpbf16ps") >= 8 and "vdpbf16ps\t%zmm" in asm
 
 
-def test_precision_bf16_needs_the_isa():
-    with pytest.raises(tvm_hybrid.TargetError, match="AVX512-BF16"):
+@pytest.mark.parametrize("mcpu, register, isa", [
+    ("skylake-avx512", "zmm", "avx512_bf16emu"), ("haswell", "ymm", "avx2_bf16emu"),
+    ("znver3", "ymm", "avx2_bf16emu")])
+def test_bf16_without_avx512_bf16_widens_in_the_microkernel(mcpu, register, isa, caplog):
+    """No AVX512-BF16 (compiled, not run): bf16 weights, widened by shifts and masks, FMAs."""
+    wl = workloads.gemm(64, 64, 128)
+    with caplog.at_level("WARNING"):
+        model = tvm_hybrid.compile(wl.model, {"kind": "llvm", "mcpu": mcpu, "num-cores": 2},
+                                   precision="bf16")
+    assert "bf16 compute is emulated" in caplog.text
+    (name,) = _bf16_kernels(model)
+    assert isa in model.lowered[name].script()
+    asm = model.inspect_source("asm")
+    assert "vdpbf16ps" not in asm
+    assert len(re.findall(rf"vfmadd\d+ps\s+.*%{register}", asm)) >= 8
+    assert re.search(rf"vpslld\s+\$16, .*%{register}", asm)
+    # The weights stay bf16 in the compiled module (half the bytes of fp32).
+    packed = [c for c in _constants(model) if c.dtype == ml_dtypes.bfloat16]
+    assert packed and packed[0].size >= 64 * 128
+
+
+def test_precision_bf16_needs_avx2():
+    with pytest.raises(tvm_hybrid.TargetError, match="AVX2"):
         tvm_hybrid.compile(workloads.gemm(8, 8, 8).model,
-                           {"kind": "llvm", "mcpu": "skylake-avx512"}, precision="bf16")
+                           {"kind": "llvm", "mcpu": "nehalem"}, precision="bf16")
     with pytest.raises(ValueError, match="precision"):
         tvm_hybrid.compile(workloads.gemm(8, 8, 8).model, precision="fp16")
 
 
-@needs_bf16
+def _constants(model) -> list[np.ndarray]:
+    found = []
+    tvm.relax.analysis.post_order_visit(
+        model.lowered["main"],
+        lambda e: found.append(e.value.numpy())
+        if isinstance(e, tvm.ir.GenericConst) and hasattr(e.value, "numpy") else None)
+    return found
+
+
+@pytest.mark.requires("avx2", "fma")
+@pytest.mark.parametrize("target", ["host", "haswell"])
 @pytest.mark.parametrize("m, n, k", [(64, 64, 64), (1, 96, 255), (37, 100, 37), (256, 256, 512)])
-def test_bf16_mode_gemm_accuracy(m, n, k):
-    """precision="bf16": the GEMM equals the bf16-rounded product up to fp32 summation."""
+def test_bf16_mode_gemm_accuracy(target, m, n, k):
+    """precision="bf16": the GEMM equals the bf16-rounded product up to fp32 summation, with
+    the host's bf16 kernel and with the emulated AVX2 one."""
     wl = workloads.gemm(m, n, k)
-    model = tvm_hybrid.compile(wl.model, precision="bf16")
+    model = tvm_hybrid.compile(wl.model, HASWELL if target == "haswell" else "host",
+                               precision="bf16")
     assert _bf16_kernels(model)
     x = wl.inputs["a"]
     w = numpy_helper.to_array(wl.model.graph.initializer[0])
@@ -78,7 +114,7 @@ def test_bf16_mode_gemm_accuracy(m, n, k):
     assert np.abs(out - exact).max() <= 2**-7 * np.abs(x).max() * np.abs(w).max() * k ** 0.5 * 4
 
 
-@needs_bf16
+@pytest.mark.requires("avx2", "fma")
 def test_bf16_mode_bert_layer_error_is_within_bf16_expectations():
     wl = workloads.bert_layer(1, 32, hidden=128, heads=2, ffn=256)
     bf16 = tvm_hybrid.compile(wl.model, precision="bf16")
@@ -89,7 +125,7 @@ def test_bf16_mode_bert_layer_error_is_within_bf16_expectations():
     assert 1e-6 < rel < 2e-2, rel  # clearly bf16 (not fp32), clearly right
 
 
-@needs_bf16
+@pytest.mark.requires("avx2", "fma")
 def test_bf16_model_runs_on_the_microkernel():
     """A Relax model whose weights and activations are bf16 (not the fp32 mode).
 

@@ -78,7 +78,8 @@ def test_unknown_target(target, match):
         tvm_hybrid.make_target(target)
 
 
-@pytest.mark.skipif("amx_int8" in tvm_hybrid.describe_host()["isa"], reason="host has AMX")
+@pytest.mark.skipif("amx_int8" in tvm_hybrid.describe_host()["isa"],
+                    reason="checks the refusal on a CPU without AMX; this host has AMX")
 def test_amx_target_refused_on_cpu_without_amx():
     # Runs in a subprocess: were AMX code ever lowered for this CPU, LLVM would abort the process.
     code = (

@@ -1,4 +1,7 @@
-"""The u8 x s8 -> s32 VNNI GEMM: microkernel, rewrite of integer matmuls, bit-exactness."""
+"""Integer GEMMs: VNNI (u8 x s8) and AVX2 (s16) microkernels, the rewrite, bit-exactness.
+
+Assembly tests compile for named CPUs (any host); numeric tests run the host's own kernel.
+"""
 
 from __future__ import annotations
 
@@ -10,14 +13,33 @@ import tvm
 
 import tvm_hybrid
 from tvm_hybrid import workloads
-from tvm_hybrid.host import check_runnable_here, make_target
-from tvm_hybrid.microkernels import ensure_tensor_intrin, int8_microkernels, tensor_intrin
-from tvm_hybrid.passes.integer_gemm import INT8_PACKED_MATMUL, pack_weight_vnni
+from tvm_hybrid.host import make_target
+from tvm_hybrid.microkernels import (
+    ensure_tensor_intrin,
+    int8_microkernels,
+    integer_gemm_dtype,
+    tensor_intrin,
+)
+from tvm_hybrid.passes.integer_gemm import (
+    INT8_PACKED_MATMUL,
+    pack_weight_pairs_s16,
+    pack_weight_vnni,
+)
 from tvm_hybrid.schedules.gemm_template import TEMPLATE_ANNOTATION
 
 HOST = make_target("host")
-needs_vnni = pytest.mark.skipif(not int8_microkernels(HOST),
-                                reason="needs AVX512-VNNI to run the int8 microkernel")
+
+
+def _host_int8_isa() -> str:
+    """The integer family the host's GEMMs with s8 weights use."""
+    dtype = integer_gemm_dtype(HOST, -128, 127)
+    return int8_microkernels(HOST, dtype)[0].isa
+
+
+def _template_notes(model) -> list[str]:
+    return [m for g, f in model.lowered.functions.items()
+            if isinstance(f, tvm.tirx.PrimFunc) and INT8_PACKED_MATMUL in g.name_hint
+            for m in re.findall(r'"hybrid.gemm_template": "([^"]+)"', f.script())]
 
 
 def _gemm_kernels(model) -> list[str]:
@@ -38,15 +60,33 @@ def test_vnni_packing_layout():
         pack_weight_vnni(w[:6], 32)
 
 
+def test_s16_pair_packing_layout():
+    w = np.random.default_rng(0).integers(-255, 256, (7, 20)).astype(np.int16)
+    packed = pack_weight_pairs_s16(w, 16)
+    assert packed.shape == (2, 4, 16, 2) and packed.dtype == np.int16
+    for k in range(7):
+        for n in range(20):
+            assert packed[n // 16, k // 2, n % 16, k % 2] == w[k, n]
+    assert not packed[:, 3, :, 1].any() and not packed[1, :, 4:, :].any()  # padding is zero
+
+
 def test_int8_microkernel_family_and_names():
-    kernels = int8_microkernels(make_target({"kind": "llvm", "mcpu": "icelake-server"}))
+    icelake = make_target({"kind": "llvm", "mcpu": "icelake-server"})
+    kernels = int8_microkernels(icelake)
     assert kernels and all(k.in_dtype == "uint8" and k.acc_dtype == "int32" for k in kernels)
     assert all(k.k_step == 4 and k.fits_registers() for k in kernels)
-    haswell = int8_microkernels(make_target({"kind": "llvm", "mcpu": "haswell"}))
-    assert haswell and all(k.isa == "avx2_int8" for k in haswell)  # the exact fallback
-    assert int8_microkernels(make_target({"kind": "llvm", "mcpu": "nehalem"})) == []
-    name = tensor_intrin(kernels[0], 64)
-    assert name == f"{kernels[0].name}_k64" and ensure_tensor_intrin(name)
+    haswell = make_target({"kind": "llvm", "mcpu": "haswell"})
+    assert int8_microkernels(haswell) == []  # no u8 x s8 dot product without VNNI...
+    s16 = int8_microkernels(haswell, "int16")  # ...but the exact s16 kernel
+    assert s16 and all(k.isa == "avx2_s16" and k.k_step == 2 and k.fits_registers() for k in s16)
+    assert integer_gemm_dtype(haswell, -128, 127) == "int16"
+    assert integer_gemm_dtype(icelake, -128, 127) == "uint8"
+    assert integer_gemm_dtype(icelake, 0, 255) == "int16"  # u8 weights: s16 on any AVX2 CPU
+    nehalem = make_target({"kind": "llvm", "mcpu": "nehalem"})
+    assert integer_gemm_dtype(nehalem, -128, 127) is None
+    for kernel in (kernels[0], s16[0]):
+        name = tensor_intrin(kernel, 64)
+        assert name == f"{kernel.name}_k64" and ensure_tensor_intrin(name)
 
 
 @pytest.mark.parametrize("mcpu, register", [
@@ -63,7 +103,18 @@ def test_int8_gemm_assembly_uses_vpdpbusd(mcpu, register):
     assert re.search(rf"vpdpbusd\s+%{register}", asm)
 
 
-@needs_vnni
+@pytest.mark.parametrize("mcpu", ["haswell", "znver3"])
+def test_avx2_integer_gemm_assembly_uses_vpmaddwd(mcpu):
+    """Without VNNI (compiled, not run): s16 vpmaddwd on ymm, never the saturating vpmaddubsw."""
+    wl = workloads.matmul_integer(64, 64, 128)
+    model = tvm_hybrid.compile(wl.model, {"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
+    assert any(note.startswith("avx2_s16") for note in _template_notes(model))
+    asm = model.inspect_source("asm")
+    assert len(re.findall(r"vpmaddwd\s+.*%ymm", asm)) >= 8
+    assert "vpmaddubsw" not in asm and "zmm" not in asm and "vpdpbusd" not in asm
+
+
+@pytest.mark.requires("avx2")
 @pytest.mark.parametrize("m, n, k, activations, zp, wzp", [
     (32, 64, 64, "uint8", 3, None),
     (16, 100, 128, "int8", -5, None),      # s8 activations: shifted to u8, compensated
@@ -79,6 +130,7 @@ def test_matmul_integer_is_bit_exact(m, n, k, activations, zp, wzp):
                                   weight_zero_point=wzp, weight_range=(low, high))
     model = tvm_hybrid.compile(wl.model)
     assert _gemm_kernels(model), model.kernel_names()
+    assert any(note.startswith(_host_int8_isa()) for note in _template_notes(model))
     out = model(**wl.inputs)
     assert out.dtype == np.int32
     np.testing.assert_array_equal(out, workloads.matmul_integer_reference(wl))
@@ -89,38 +141,32 @@ def test_matmul_integer_is_bit_exact(m, n, k, activations, zp, wzp):
         np.testing.assert_array_equal(model(data), workloads.matmul_integer_reference(wl_fill))
 
 
-@pytest.mark.parametrize("m, n, k, activations, zp", [
-    (64, 64, 128, "uint8", 3), (7, 40, 36, "int8", -5), (1, 96, 256, "uint8", 255),
-    (32, 32, 64, "uint8", 0),
+@pytest.mark.requires("avx2")
+@pytest.mark.parametrize("m, n, k, activations, zp, wzp, weight_range", [
+    (64, 64, 128, "uint8", 3, None, (-128, 128)), (7, 40, 36, "int8", -5, None, (-128, 128)),
+    (1, 96, 256, "uint8", 255, None, (-128, 128)), (32, 32, 63, "uint8", 0, None, (-128, 128)),
+    (16, 24, 64, "uint8", 7, -128, (-128, 128)),  # W - w_zp in [0, 255]: outside s8
 ])
-def test_avx2_int8_fallback_is_exact(m, n, k, activations, zp):
-    """Without VNNI: widened to s16 and vpmaddwd, never the saturating vpmaddubsw."""
+def test_avx2_s16_kernel_is_exact(m, n, k, activations, zp, wzp, weight_range):
+    """Without VNNI (haswell code, run here): s16 operands, exact for any 8-bit data."""
     target = make_target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
-    wl = workloads.matmul_integer(m, n, k, activations=activations, zero_point=zp)
+    wl = workloads.matmul_integer(m, n, k, activations=activations, zero_point=zp,
+                                  weight_zero_point=wzp, weight_range=weight_range)
     model = tvm_hybrid.compile(wl.model, target)
     (name,) = _gemm_kernels(model)
-    assert "avx2_int8" in model.lowered[name].script()
-    asm = model.inspect_source("asm")
-    assert "vpmaddwd" in asm and "vpmaddubsw" not in asm
-    try:
-        check_runnable_here(target)
-    except tvm_hybrid.TargetError as err:
-        pytest.skip(f"needs AVX2 to run: {err}")
+    assert "avx2_s16" in model.lowered[name].script()
     np.testing.assert_array_equal(model(**wl.inputs), workloads.matmul_integer_reference(wl))
-    # Full-range extremes, where a saturating pmaddubsw would be wrong.
+    # Full-range extremes, where a saturating vpmaddubsw would be wrong.
     for fill in (np.iinfo(activations).min, np.iinfo(activations).max):
         data = np.full((m, k), fill, activations)
         filled = workloads.Workload(wl.name, wl.model, {"a": data}, wl.flops)
         np.testing.assert_array_equal(model(data), workloads.matmul_integer_reference(filled))
 
 
+@pytest.mark.requires("avxvnni")
 def test_avx_vnni_kernel_is_bit_exact():
     """The 256-bit AVX-VNNI family, run here when this CPU has AVX-VNNI."""
     target = make_target({"kind": "llvm", "mcpu": "alderlake", "num-cores": 2})
-    try:
-        check_runnable_here(target)
-    except tvm_hybrid.TargetError as err:
-        pytest.skip(f"needs AVX-VNNI to run: {err}")
     wl = workloads.matmul_integer(40, 48, 64, activations="int8", zero_point=-7)
     model = tvm_hybrid.compile(wl.model, target)
     (name,) = _gemm_kernels(model)
@@ -128,29 +174,34 @@ def test_avx_vnni_kernel_is_bit_exact():
     np.testing.assert_array_equal(model(**wl.inputs), workloads.matmul_integer_reference(wl))
 
 
-@needs_vnni
-def test_int8_gemm_runs_in_the_template():
+@pytest.mark.parametrize("mcpu, isa", [("znver4", "avx512_vnni"), ("alderlake", "avx_vnni"),
+                                       ("haswell", "avx2_s16")])
+def test_int8_gemm_runs_in_the_template(mcpu, isa):
+    """Compiled for a named CPU (not run): the integer GEMM is scheduled by the template with
+    that CPU's microkernel family, never left to the fallback."""
     wl = workloads.matmul_integer(256, 256, 256)
-    model = tvm_hybrid.compile(wl.model)
+    model = tvm_hybrid.compile(wl.model, {"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
     (name,) = _gemm_kernels(model)
     script = model.lowered[name].script()
-    assert TEMPLATE_ANNOTATION in script and "avx512_vnni" in script
-    assert "hybrid.gemm_template" in script
+    assert TEMPLATE_ANNOTATION in script and isa in script
 
 
-@needs_vnni
+@pytest.mark.requires("avx2")
 @pytest.mark.parametrize("k, wzp", [(30, None), (64, -100)])
-def test_integer_matmuls_the_microkernel_cannot_take_stay_exact(k, wzp):
-    """K % 4 != 0, or weights leaving the s8 range after the zero point: stock int32 matmul."""
+def test_integer_matmuls_with_odd_k_or_wide_weights_stay_exact(k, wzp):
+    """K % 4 != 0 is zero-padded; weights leaving s8 after the zero point take the s16 kernel
+    (on any host: every AVX2 CPU has it)."""
     wl = workloads.matmul_integer(16, 32, k, weight_zero_point=wzp)
     model = tvm_hybrid.compile(wl.model)
-    assert not _gemm_kernels(model)
+    assert _gemm_kernels(model), model.kernel_names()
+    if wzp is not None:
+        assert all(note.startswith("avx2_s16") for note in _template_notes(model))
     np.testing.assert_array_equal(model(**wl.inputs), workloads.matmul_integer_reference(wl))
 
 
-@needs_vnni
+@pytest.mark.requires("avx2")
 def test_int8_gemm_is_a_tuning_task(tmp_path):
     from tvm_hybrid.tuning import extract_tasks
 
     (task,) = extract_tasks(workloads.matmul_integer(64, 64, 64).model, HOST)
-    assert all(k.kernel.in_dtype == "uint8" for k in task.space.heuristic())
+    assert all(k.kernel.in_dtype in ("uint8", "int16") for k in task.space.heuristic())

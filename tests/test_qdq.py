@@ -8,12 +8,10 @@ import tvm
 
 import tvm_hybrid
 from tvm_hybrid import workloads
-from tvm_hybrid.host import make_target
-from tvm_hybrid.microkernels import int8_microkernels
 from tvm_hybrid.passes.qdq import quantized_multiplier, requantize_reference
 
-pytestmark = pytest.mark.skipif(not int8_microkernels(make_target("host")),
-                                reason="needs AVX512-VNNI or AVX-VNNI to run the int8 GEMM")
+# Every integer GEMM family (VNNI, AVX-VNNI, the AVX2 s16 kernel) runs on an AVX2 CPU or better.
+pytestmark = pytest.mark.requires("avx2")
 
 
 def test_quantized_multiplier_is_accurate():
@@ -65,13 +63,20 @@ def test_qdq_mlp_with_sigmoid_matches_reference():
                                atol=1e-7)
 
 
-def test_qdq_gemm_kernels_use_the_template_and_vnni():
+@pytest.mark.parametrize("mcpu, instruction, isa", [
+    ("znver4", "vpdpbusd", "avx512_vnni"), ("haswell", "vpmaddwd", "avx2_s16")])
+def test_qdq_gemm_kernels_use_the_template(mcpu, instruction, isa):
+    """Compiled for a named CPU (not run): every QDQ GEMM kernel is on the template."""
     wl = workloads.qdq_mlp(32, (256, 128, 64))
-    model = tvm_hybrid.compile(wl.model)
+    model = tvm_hybrid.compile(wl.model, {"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
+    gemms = 0
     for gvar, func in model.lowered.functions.items():
         if isinstance(func, tvm.tirx.PrimFunc) and "int8_packed_matmul" in gvar.name_hint:
-            assert "hybrid.gemm_template" in func.script()
-    assert "vpdpbusd" in model.inspect_source("asm")
+            assert "hybrid.gemm_template" in func.script() and isa in func.script()
+            gemms += 1
+    assert gemms == 2
+    asm = model.inspect_source("asm")
+    assert instruction in asm and "vpmaddubsw" not in asm
 
 
 def test_qdq_without_vnni_uses_the_exact_avx2_kernel():

@@ -28,7 +28,7 @@ from onnx import numpy_helper
 
 import tvm_hybrid
 from tvm_hybrid import workloads
-from tvm_hybrid.microkernels import fp32_microkernels
+from tvm_hybrid.heuristics import panel_width
 from tvm_hybrid.passes.prepack import pack_weight
 
 mlp = workloads.mlp(32, (479, 1024, 1024, 512, 256, 1), final="Sigmoid", name="mlp2")
@@ -60,10 +60,10 @@ tvm.relax.analysis.post_order_visit(
     if isinstance(e, tvm.ir.GenericConst) and hasattr(e.value, "numpy") else None,
 )
 print("constant shapes in main:", sorted({c.shape for c in constants}, key=len))
-kernels = fp32_microkernels(hybrid.target)
-if kernels:
-    first_weight = numpy_helper.to_array(mlp.model.graph.initializer[0])
-    packed = pack_weight(first_weight, kernels[0].nr)
+first_weight = numpy_helper.to_array(mlp.model.graph.initializer[0])
+nr = panel_width(hybrid.target, "float32", mlp.inputs["x"].shape[0], *first_weight.shape[::-1])
+if nr is not None:  # the panel width of the microkernel the heuristic picks for this M
+    packed = pack_weight(first_weight, nr)
     assert any(c.shape == packed.shape and np.array_equal(c, packed) for c in constants)
     print(f"W{list(first_weight.shape)} is stored packed as {list(packed.shape)}")
 

@@ -1,6 +1,6 @@
 """
-Low precision: int8 (QDQ, VNNI), bf16, and AMX
-==============================================
+Low precision: int8 (QDQ, VNNI or AVX2), bf16, and AMX
+======================================================
 
 The oneDNN Graph Compiler's biggest wins come from int8. This tutorial quantizes the paper's
 MLP_2 (an ONNX QDQ model, as ONNX Runtime's quantizer writes them), compiles it, and compares
@@ -13,9 +13,10 @@ shows how AMX is selected.
 # --------------------------
 # ``workloads.qdq_mlp`` quantizes the fp32 MLP: u8 activations (per tensor, calibrated), s8
 # weights (per output channel), fp32 bias, QuantizeLinear/DequantizeLinear around every MatMul.
-# The ``FoldQDQ`` pass turns each QDQ GEMM into a u8 x s8 -> s32 VNNI GEMM and its bias, ReLU
-# and requantization into integer arithmetic in the GEMM's epilogue; layers pass u8 tensors to
-# each other.
+# The ``FoldQDQ`` pass turns each QDQ GEMM into an exact integer GEMM (u8 x s8 -> s32 with
+# VNNI; s16 operands on AVX2 CPUs without VNNI) and its bias, ReLU and requantization into
+# integer arithmetic in the GEMM's epilogue; layers pass 8-bit tensors to each other (widened
+# to s16 inside the epilogue on AVX2).
 import re
 
 import numpy as np
@@ -23,7 +24,7 @@ import numpy as np
 import tvm_hybrid
 from tvm_hybrid import workloads
 from tvm_hybrid.host import make_target
-from tvm_hybrid.microkernels import bf16_microkernels, int8_microkernels
+from tvm_hybrid.microkernels import bf16_microkernels, integer_gemm_dtype
 
 target = make_target("host")
 dims = (479, 1024, 1024, 512, 256, 1)
@@ -48,7 +49,7 @@ out_int8, out_fp32 = int8_model(x), fp32_model(x)
 print(f"int8 vs its integer reference: max |diff| {np.abs(out_int8 - reference).max():.1e}")
 print(f"int8 vs fp32: max |diff| {np.abs(out_int8 - out_fp32).max():.1e} "
       f"(outputs in [0, 1])")
-if int8_microkernels(target):
+if integer_gemm_dtype(target, -128, 127):
     np.testing.assert_allclose(out_int8, reference, rtol=1e-6, atol=1e-7)
 
 # %%
@@ -59,21 +60,29 @@ t_int8 = int8_model.benchmark(x)["median_ms"]
 print(f"fp32 {t_fp32:.3f} ms, int8 {t_int8:.3f} ms: {t_fp32 / t_int8:.1f}x")
 
 # %%
-# The VNNI microkernel
-# --------------------
-# ``vpdpbusd`` multiplies 4 u8 by 4 s8 per 32-bit lane and adds them to the s32 accumulator
-# exactly; weights are packed at compile time with K in groups of 4.
-if int8_microkernels(target):
+# The integer microkernel
+# -----------------------
+# With VNNI, ``vpdpbusd`` multiplies 4 u8 by 4 s8 per 32-bit lane and adds them to the s32
+# accumulator exactly; weights are packed at compile time with K in groups of 4. Without VNNI
+# (AVX2), ``vpmaddwd`` multiplies pairs of s16 (8-bit values widened: weights at compile time,
+# activations in the producer's epilogue), also exactly; ONNX Runtime's ``vpmaddubsw`` would be
+# a little faster but saturates.
+dtype = integer_gemm_dtype(target, -128, 127)
+if dtype is not None:
+    instruction = "vpdpbusd" if dtype == "uint8" else "vpmaddwd"
     asm = int8_model.inspect_source("asm")
-    print("vpdpbusd instructions:", len(re.findall(r"\bvpdpbusd\b", asm)))
+    print(f"{instruction} instructions:", len(re.findall(rf"\b{instruction}\b", asm)))
 
 # %%
 # bf16 mode
 # ---------
 # ``precision="bf16"`` keeps fp32 inputs and outputs, like OpenVINO's inference precision hint:
 # weights are rounded to bf16 at compile time, activations at run time, and ``vdpbf16ps``
-# accumulates in fp32. Expect a relative error around 1e-3 on a GEMM's output.
+# accumulates in fp32. Expect a relative error around 1e-3 on a GEMM's output. Without
+# AVX512-BF16 the bf16 weights are widened to fp32 inside the microkernel (emulated bf16
+# compute: the same results, half the weight memory, fp32 speed).
 if bf16_microkernels(target):
+    print("bf16 microkernels:", bf16_microkernels(target)[0].isa)
     bert = workloads.bert_layer(1, 128)
     bert_fp32 = tvm_hybrid.compile(bert.model, target)
     bert_bf16 = tvm_hybrid.compile(bert.model, target, precision="bf16")
@@ -83,7 +92,7 @@ if bf16_microkernels(target):
     print(f"fp32 {bert_fp32.benchmark(**bert.inputs)['median_ms']:.2f} ms, bf16 "
           f"{bert_bf16.benchmark(**bert.inputs)['median_ms']:.2f} ms")
 else:
-    print("this CPU has no AVX512-BF16: precision='bf16' raises TargetError here")
+    print("this CPU has neither AVX2 nor AVX-512: precision='bf16' raises TargetError here")
 
 # %%
 # How AMX is selected

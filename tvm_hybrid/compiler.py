@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from pathlib import Path
@@ -20,6 +21,8 @@ from .microkernels import bf16_microkernels
 from .pipeline import PRECISIONS, hybrid_pipeline
 
 PIPELINES = ("hybrid", "stock")
+
+logger = logging.getLogger(__name__)
 
 
 def compile(  # noqa: A001 - the public name mirrors tvm.compile
@@ -55,8 +58,10 @@ def compile(  # noqa: A001 - the public name mirrors tvm.compile
         ``"hybrid"`` (default) or ``"stock"`` (TVM's default pipeline, for comparison).
     precision
         ``"fp32"`` (default) or ``"bf16"``: GEMMs with constant weights compute in bf16 with
-        fp32 accumulation on AVX512-BF16 (like OpenVINO's inference precision hint); inputs
-        and outputs stay fp32. The target must have AVX512-BF16.
+        fp32 accumulation (like OpenVINO's inference precision hint); inputs and outputs stay
+        fp32. With AVX512-BF16 the products use ``vdpbf16ps``; on other AVX2/AVX-512 CPUs the
+        bf16 weights (half the memory of fp32) are widened to fp32 in the microkernel and the
+        bf16 compute is emulated (logged once per compile), with the same results.
 
     Returns
     -------
@@ -94,11 +99,18 @@ def check_precision(precision: str, target: tvm.target.Target) -> None:
     """Raise unless ``precision`` is known and ``target`` can compute in it."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    if precision == "bf16" and not bf16_microkernels(target):
+    if precision != "bf16":
+        return
+    kernels = bf16_microkernels(target)
+    if not kernels:
         raise TargetError(
-            f"precision='bf16' needs AVX512-BF16, which target mcpu="
+            f"precision='bf16' needs AVX2 or AVX-512, which target mcpu="
             f"{target.attrs.get('mcpu')!s} lacks; use precision='fp32'"
         )
+    if kernels[0].isa.endswith("bf16emu"):
+        logger.warning(
+            "note: mcpu=%s has no AVX512-BF16, so bf16 compute is emulated: weights are stored "
+            "in bf16 and widened to fp32 in the microkernel", target.attrs.get("mcpu"))
 
 
 def _bind_params(mod: tvm.IRModule, params: dict[str, np.ndarray]) -> tvm.IRModule:

@@ -10,7 +10,10 @@ The model, in the spirit of the oneDNN Graph Compiler's:
 
 1. **Microkernel.** Among the kernels whose ``mr`` divides ``M`` and ``nr`` divides ``N`` (no
    tails), take the one with the most FMAs per load, ``(mr * nr / lanes) / (mr + nr / lanes)``,
-   needing at least 8 accumulators to cover FMA latency when ``M`` allows.
+   needing at least 8 accumulators to cover FMA latency when ``M`` allows; ties go to the
+   wider tile (fewer broadcasts of ``A``). Constant weights are packed for the panel width
+   ``nr`` of the kernel this rule picks with ``N`` padded (:func:`panel_width`), and the
+   template then chooses among kernels of that width.
 2. **Blocks.** Over divisors ``mb`` of ``M / mr`` and ``nb`` of ``N / nr``, minimise::
 
        cost = (1 / (nb * nr) + 1 / (mb * mr)) / balance + overhead / (mb * nb * mr * nr)
@@ -28,8 +31,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from tvm.target import Target
+
 from .host import CacheSizes
-from .microkernels import Microkernel
+from .microkernels import AMX_K_STEP, Microkernel, amx_microkernels, microkernels_for
 
 # Accumulators needed to hide FMA latency: 2 FMA pipes x 4 cycles.
 _MIN_ACCUMULATORS = 8
@@ -78,13 +83,31 @@ def choose_kernel(shape: GemmShape, kernels: list[Microkernel]) -> Microkernel |
     fitting = [k for k in kernels if shape.m % k.mr == 0 and shape.n % k.nr == 0]
     if not fitting:
         return None
+    return max(fitting, key=_kernel_score)
 
-    def score(k: Microkernel) -> tuple:
-        vectors = k.nr // k.lanes
-        accumulators = k.mr * vectors
-        return (min(accumulators, _MIN_ACCUMULATORS), accumulators / (k.mr + vectors), k.nr)
 
-    return max(fitting, key=score)
+def _kernel_score(k: Microkernel) -> tuple:
+    """Rule 1's ranking: enough accumulators, then FMAs per load, then the wider tile."""
+    vectors = k.nr // k.lanes
+    accumulators = k.mr * vectors
+    return (min(accumulators, _MIN_ACCUMULATORS), accumulators / (k.mr + vectors), k.nr)
+
+
+def panel_width(target: Target, in_dtype: str, m: int, n: int, k: int) -> int | None:
+    """Panel width to pack constant ``B`` with for an ``m x n x k`` GEMM, or None if no kernel.
+
+    AMX (16-column panels) when the target has it and the shape is a whole number of AMX tiles
+    (``m``, ``n`` multiples of 32, ``k`` of the tile step); else the ``nr`` of the kernel rule 1
+    picks when ``N`` is padded to any panel width.
+    """
+    amx = amx_microkernels(target, in_dtype)
+    if amx and m % 32 == 0 and n % 32 == 0 and k % AMX_K_STEP[in_dtype] == 0:
+        return amx[0].panel_width
+    family = microkernels_for(target, in_dtype, include_amx=False)
+    if not family:
+        return None
+    fitting = [kernel for kernel in family if m % kernel.mr == 0]
+    return max(fitting, key=_kernel_score).nr if fitting else family[0].nr
 
 
 def choose_blocks(shape: GemmShape, kernel: Microkernel, caches: CacheSizes,

@@ -49,6 +49,9 @@ class Microkernel:
     panel
         Width of the packed ``B`` panels when it differs from ``nr`` (AMX: 16-column tiles,
         two per 32-column register tile); 0 means ``nr``.
+    operand_registers
+        Registers held per vector of ``B`` and per broadcast of ``A`` (2 each when bf16 is
+        widened to fp32: the even and the odd ``k``).
     """
 
     isa: str
@@ -61,6 +64,7 @@ class Microkernel:
     num_registers: int
     k_step: int = 1
     panel: int = 0
+    operand_registers: tuple[int, int] = (1, 1)
 
     @property
     def lanes(self) -> int:
@@ -81,14 +85,13 @@ class Microkernel:
         """Accumulators, plus the ``B`` row vectors, plus one broadcast of ``A``.
 
         For AMX: ``C`` tiles plus the ``A`` and ``B`` tiles feeding them (8 tile registers).
-        The widening AVX2 int8 kernel keeps two partial-sum registers per 4 columns.
         """
         if self.is_amx:
             rows, cols = self.mr // 16, self.nr // 16
             return rows * cols + rows + cols
-        if self.isa == "avx2_int8":
-            return self.mr * (self.nr // 4) + self.nr // 4 + 1
-        return self.mr * self.nr // self.lanes + self.nr // self.lanes + 1
+        per_b, per_a = self.operand_registers
+        vectors = self.nr // self.lanes
+        return self.mr * vectors + per_b * vectors + per_a
 
     @property
     def name(self) -> str:
@@ -99,13 +102,15 @@ class Microkernel:
 
 
 def _family(isa, features, vector_bits, num_registers, in_dtype="float32",
-            acc_dtype="float32", k_step=1) -> list[Microkernel]:
+            acc_dtype="float32", k_step=1, operand_registers=(1, 1),
+            widths=(2, 1)) -> list[Microkernel]:
     lanes = vector_bits // 32
     out = []
-    for vectors in (2, 1):  # nr = 2 vectors first: half the broadcasts per FMA
+    for vectors in widths:  # nr = 2 vectors first: half the broadcasts per FMA
         for mr in range(16, 0, -1):
             kernel = Microkernel(isa, features, in_dtype, acc_dtype, mr, vectors * lanes,
-                                 vector_bits, num_registers, k_step)
+                                 vector_bits, num_registers, k_step,
+                                 operand_registers=operand_registers)
             if kernel.fits_registers():
                 out.append(kernel)
     return out
@@ -114,31 +119,51 @@ def _family(isa, features, vector_bits, num_registers, in_dtype="float32",
 #: Every fp32 microkernel, by ISA, best ISA first.
 FP32_MICROKERNELS: dict[str, list[Microkernel]] = {
     "avx512": _family("avx512", ("avx512f",), 512, 32),
-    "avx2": _family("avx2", ("avx2", "fma"), 256, 16),
+    # With 16 registers, 3- and 4-vector tiles keep more accumulators per broadcast when M
+    # is a power of two: 4 x 24 ran at 100%, 2 x 32 at 90% and 4 x 16 at 80% of the FMA peak
+    # in registers (peak.py's kernel, Zen 5, ymm). Packed weights pad N to any width.
+    "avx2": _family("avx2", ("avx2", "fma"), 256, 16, widths=(2, 3, 4, 1)),
 }
 
 
-#: u8 x s8 -> s32 microkernels, by ISA. AVX512-VNNI's ``vpdpbusd`` multiplies 4 adjacent ``u8``
-#: of ``A`` (broadcast) by 4 ``s8`` of ``B`` per 32-bit lane and adds the 4 products to the
-#: ``s32`` accumulator, exactly (no saturation), so ``B`` is packed with ``K`` in groups of 4.
-#: AVX-VNNI (Alder Lake, Sierra Forest: no AVX-512) is the same instruction on 256-bit ymm.
-#: Without VNNI (Haswell to Skylake): an exact AVX2 kernel that widens both operands to s16
-#: (``pmaddubsw`` would saturate) and uses ``vpmaddwd``, keeping two partial sums per column.
+#: Integer microkernels (s32 accumulators), by ISA, best first.
+#:
+#: * AVX512-VNNI's ``vpdpbusd`` multiplies 4 adjacent ``u8`` of ``A`` (broadcast) by 4 ``s8`` of
+#:   ``B`` per 32-bit lane and adds the 4 products to the accumulator, exactly (no saturation);
+#:   ``B`` is packed with ``K`` in groups of 4, ``[N / nr, K / 4, nr, 4]``. AVX-VNNI (Alder
+#:   Lake, Sierra Forest: no AVX-512) is the same instruction on 256-bit ymm.
+#: * Without VNNI (Haswell to Zen 3), ``avx2_s16`` multiplies **s16** operands with
+#:   ``vpmaddwd`` (2 products per 32-bit lane, ``B`` packed in pairs ``[N / nr, K / 2, nr, 2]``):
+#:   8-bit activations are widened by a cast that fuses into their producer, weights at compile
+#:   time. Every product of 8-bit values (even ``u8`` weights, or zero points folded in) is exact
+#:   in s32, and the kernel issues two instructions per 16 products, no conversion: 89% of the
+#:   rate of ONNX Runtime's ``vpmaddubsw`` + ``vpmaddwd`` sequence in registers (measured by
+#:   ``peak.py``), which saturates s16 and is not exact. (``vpmaddubsw`` made exact with the
+#:   sign trick, ``vpmaddubsw(|a|, sign(b, a))``, measured 80%.)
+#:
+#: ``passes/integer_gemm.py`` picks the operand dtype (:func:`integer_gemm_dtype`).
 INT8_MICROKERNELS: dict[str, list[Microkernel]] = {
     "avx512_vnni": _family("avx512_vnni", ("avx512vnni",), 512, 32, "uint8", "int32", 4),
     "avx_vnni": _family("avx_vnni", ("avxvnni",), 256, 16, "uint8", "int32", 4),
-    "avx2_int8": [
-        Microkernel("avx2_int8", ("avx2",), "uint8", "int32", mr, 8, 256, 16, 4)
-        for mr in (6, 5, 4, 3, 2, 1)
-    ],
+    "avx2_s16": _family("avx2_s16", ("avx2",), 256, 16, "int16", "int32", 2),
 }
 
 
 #: bf16 x bf16 -> fp32 microkernels. AVX512-BF16's ``vdpbf16ps`` multiplies 2 adjacent bf16 of
 #: ``A`` (broadcast) by 2 of ``B`` per 32-bit lane and adds both products to the fp32
 #: accumulator, so ``B`` is packed with ``K`` in pairs.
+#:
+#: Without AVX512-BF16 the same packed bf16 weights (half the memory and bandwidth of fp32) are
+#: widened to fp32 in the microkernel: a bf16 is the top half of an fp32, so per 32-bit lane of a
+#: pair the even ``k`` is ``lane << 16`` and the odd one ``lane & 0xffff0000``, each multiplied
+#: with an FMA (the ``bf16emu`` families; bf16 compute is emulated, at fp32 speed). Products of
+#: bf16 values are exact in fp32, so both forms agree with an fp32 GEMM on bf16-rounded inputs.
 BF16_MICROKERNELS: dict[str, list[Microkernel]] = {
     "avx512_bf16": _family("avx512_bf16", ("avx512bf16",), 512, 32, "bfloat16", "float32", 2),
+    "avx512_bf16emu": _family("avx512_bf16emu", ("avx512f",), 512, 32, "bfloat16", "float32",
+                              2, operand_registers=(2, 2)),
+    "avx2_bf16emu": _family("avx2_bf16emu", ("avx2", "fma"), 256, 16, "bfloat16", "float32",
+                            2, operand_registers=(2, 2)),
 }
 
 #: ``vdpbf16ps`` takes ``<32 x bfloat>`` operands, a type TIR cannot express: this LLVM IR,
@@ -178,19 +203,6 @@ def amx_microkernels(target: Target, in_dtype: str) -> list[Microkernel]:
     return [kernel]
 
 
-def panel_for(target: Target, in_dtype: str, m: int, n: int, k: int) -> int | None:
-    """Panel width to pack ``B`` with for an ``m x n x k`` GEMM, or None if no kernel fits.
-
-    AMX (16-column panels) when the target has it and the shape is a whole number of AMX tiles
-    (``m``, ``n`` multiples of 32, ``k`` of the tile step); else the vector family's ``nr``.
-    """
-    amx = amx_microkernels(target, in_dtype)
-    if amx and m % 32 == 0 and n % 32 == 0 and k % AMX_K_STEP[in_dtype] == 0:
-        return amx[0].panel_width
-    family = microkernels_for(target, in_dtype, include_amx=False)
-    return family[0].nr if family else None
-
-
 def bf16_microkernels(target: Target) -> list[Microkernel]:
     """The bf16 vector microkernels ``target`` can run, or ``[]``."""
     features = target_features(target)
@@ -200,11 +212,30 @@ def bf16_microkernels(target: Target) -> list[Microkernel]:
     return []
 
 
-def int8_microkernels(target: Target) -> list[Microkernel]:
-    """The u8 x s8 microkernels ``target`` can run, or ``[]``."""
+def int8_microkernels(target: Target, in_dtype: str = "uint8") -> list[Microkernel]:
+    """The best family of integer microkernels for ``in_dtype`` operands ``target`` runs.
+
+    ``"uint8"``: the u8 x s8 dot-product families (VNNI); ``"int16"``: the s16 one (AVX2).
+    """
+    return _best_family(INT8_MICROKERNELS, target, in_dtype)
+
+
+def integer_gemm_dtype(target: Target, weight_min: int, weight_max: int) -> str | None:
+    """The operand dtype of the best integer GEMM ``target`` has for these weights.
+
+    ``"uint8"`` where the CPU has a u8 x s8 dot product (VNNI, AMX) and the weights fit in s8;
+    else ``"int16"`` (the AVX2 s16 kernel, any 8-bit data); None when the target has neither.
+    """
+    if int8_microkernels(target, "uint8") and -128 <= weight_min and weight_max <= 127:
+        return "uint8"
+    return "int16" if int8_microkernels(target, "int16") else None
+
+
+def _best_family(families: dict[str, list[Microkernel]], target: Target,
+                 in_dtype: str) -> list[Microkernel]:
     features = target_features(target)
-    for family in INT8_MICROKERNELS.values():
-        if all(f in features for f in family[0].features):
+    for family in families.values():
+        if family[0].in_dtype == in_dtype and all(f in features for f in family[0].features):
             return family
     return []
 
@@ -215,8 +246,8 @@ def microkernels_for(target: Target, in_dtype: str, include_amx: bool = True
     amx = amx_microkernels(target, in_dtype) if include_amx else []
     if in_dtype == "float32":
         return fp32_microkernels(target)
-    if in_dtype == "uint8":
-        return amx + int8_microkernels(target)
+    if in_dtype in ("uint8", "int16"):
+        return amx + int8_microkernels(target, in_dtype)
     if in_dtype == "bfloat16":
         return amx + bf16_microkernels(target)
     return []
@@ -308,11 +339,13 @@ def _register_amx(kernel: Microkernel, mb: int, nb: int, k: int) -> str:
 @functools.cache
 def _register(kernel: Microkernel, k: int) -> str:
     name = f"{kernel.name}_k{k}"
-    if kernel.isa == "avx2_int8":
-        desc, impl = _widening_int8_tile_functions(kernel.mr, kernel.nr, k)
+    if kernel.in_dtype == "int16":
+        desc, impl = _s16_tile_functions(kernel.mr, kernel.nr, k)
     elif kernel.in_dtype == "uint8":
         desc, impl = _vnni_tile_functions(kernel.mr, kernel.nr, k, kernel.lanes,
                                           kernel.vector_bits)
+    elif kernel.in_dtype == "bfloat16" and kernel.isa.endswith("bf16emu"):
+        desc, impl = _bf16_widening_tile_functions(kernel.mr, kernel.nr, k, kernel.lanes)
     elif kernel.in_dtype == "bfloat16":
         desc, impl = _bf16_tile_functions(kernel.mr, kernel.nr, k, kernel.lanes)
     else:
@@ -384,7 +417,7 @@ def _grouped_desc(mr: int, nr: int, kc: int, a_dtype: str, b_dtype: str, acc: st
 
         C[mr, nr] (acc) += acc(A[mr, kc]) * acc(B[kc / group, nr, group])
 
-    shared by the VNNI (group 4), widening int8 (4) and bf16 (2) microkernels.
+    shared by the VNNI (group 4), s16 (2) and bf16 (2) microkernels.
     """
     rows = kc // group
 
@@ -499,6 +532,54 @@ def _bf16_tile_functions(mr: int, nr: int, kc: int, lanes: int):
     return _grouped_desc(mr, nr, kc, "bfloat16", "bfloat16", "float32", 2), impl
 
 
+def _bf16_widening_tile_functions(mr: int, nr: int, kc: int, lanes: int):
+    """``C[mr, nr] (f32) += A[mr, kc] (bf16) * B[kc / 2, nr, 2] (bf16)`` with fp32 FMAs.
+
+    Each 32-bit lane of ``B`` (and the broadcast pair of ``A``) holds the bf16 of an even and an
+    odd ``k``; shifting left by 16 gives the even one as fp32, masking the low half the odd one.
+    """
+    if kc % 2:
+        raise ValueError(f"the bf16 microkernel needs an even K, got K = {kc}")
+    vectors = nr // lanes
+    pairs = kc // 2
+    f32 = f"float32x{lanes}"
+    i32 = f"int32x{lanes}"
+
+    def even(word):
+        return T.reinterpret(T.shift_left(word, T.broadcast(T.int32(16), lanes)), dtype=f32)
+
+    def odd(word):
+        return T.reinterpret(T.bitwise_and(word, T.broadcast(T.int32(-65536), lanes)), dtype=f32)
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle):
+        lda = T.int32()
+        ldb = T.int32()
+        ldc = T.int32()
+        A = T.match_buffer(a, (mr, kc), "bfloat16", offset_factor=1, strides=[lda, 1])
+        B = T.match_buffer(b, (pairs, nr, 2), "bfloat16", offset_factor=1, strides=[ldb, 2, 1])
+        C = T.match_buffer(c, (mr, nr), "float32", offset_factor=1, strides=[ldc, 1],
+                           scope="local")
+        with T.sblock("root"):
+            T.reads(C[0:mr, 0:nr], A[0:mr, 0:kc], B[0:pairs, 0:nr, 0:2])
+            T.writes(C[0:mr, 0:nr])
+            for g in T.serial(pairs):
+                for i in T.unroll(mr):
+                    for v in T.unroll(vectors):
+                        C[i, T.ramp(v * lanes, 1, lanes)] = (
+                            C[i, T.ramp(v * lanes, 1, lanes)]
+                            + even(T.broadcast(T.reinterpret(A.vload([i, g * 2], "bfloat16x2"),
+                                                             dtype="int32"), lanes))
+                            * even(T.reinterpret(B.vload([g, v * lanes, 0],
+                                                         f"bfloat16x{2 * lanes}"), dtype=i32))
+                            + odd(T.broadcast(T.reinterpret(A.vload([i, g * 2], "bfloat16x2"),
+                                                            dtype="int32"), lanes))
+                            * odd(T.reinterpret(B.vload([g, v * lanes, 0],
+                                                        f"bfloat16x{2 * lanes}"), dtype=i32)))
+
+    return _grouped_desc(mr, nr, kc, "bfloat16", "bfloat16", "float32", 2), impl
+
+
 def _amx_block_functions(in_dtype: str, mb: int, nb: int, kc: int):
     """``C[mb, nb] += A[mb, kc] * B[nb / 16, kc / g, 16, g]`` on AMX tiles (see the intrinsic)."""
     int8 = in_dtype == "uint8"
@@ -582,47 +663,39 @@ def _amx_block_functions(in_dtype: str, mb: int, nb: int, kc: int):
     return desc, impl
 
 
-def _widening_int8_tile_functions(mr: int, nr: int, kc: int):
-    """The exact AVX2 u8 x s8 tile: ``C[mr, nr] += A[mr, kc] * B[kc / 4, nr, 4]``.
+def _s16_tile_functions(mr: int, nr: int, kc: int):
+    """``C[mr, nr] (s32) += A[mr, kc] (s16) * B[kc / 2, nr, 2] (s16)`` with ``vpmaddwd``.
 
-    Per group of 4 ``k``, the 4 bytes of ``A`` (zero-extended) and 4 columns x 4 bytes of ``B``
-    (sign-extended) become 16 x s16; their products fit in s16 (|255 * -128| < 2**15) and
-    ``vpmaddwd`` adds adjacent pairs into s32: lane ``2c`` holds column ``c``'s ``k0 k1`` part,
-    lane ``2c + 1`` its ``k2 k3`` part. The two parts are added once, after the ``K`` loop.
+    Per pair of ``k`` and row: the two s16 of ``A`` broadcast to every 32-bit lane; per 8
+    columns, ``vpmaddwd`` multiplies them with the columns' pairs of ``B`` and adds each pair's
+    two products into one s32 lane, exactly.
     """
-    if kc % 4 or nr % 4:
-        raise ValueError(f"the int8 tile needs K % 4 == 0 and nr % 4 == 0; got {kc}, {nr}")
-    groups = kc // 4
-    quads = nr // 4
+    if kc % 2 or nr % 8:
+        raise ValueError(f"the s16 tile needs an even K and nr % 8 == 0; got {kc}, {nr}")
+    pairs = kc // 2
+    vectors = nr // 8
 
     @T.prim_func(s_tir=True)
     def impl(a: T.handle, b: T.handle, c: T.handle):
         lda = T.int32()
         ldb = T.int32()
         ldc = T.int32()
-        A = T.match_buffer(a, (mr, kc), "uint8", offset_factor=1, strides=[lda, 1])
-        B = T.match_buffer(b, (groups, nr, 4), "int8", offset_factor=1, strides=[ldb, 4, 1])
+        A = T.match_buffer(a, (mr, kc), "int16", offset_factor=1, strides=[lda, 1])
+        B = T.match_buffer(b, (pairs, nr, 2), "int16", offset_factor=1, strides=[ldb, 2, 1])
         C = T.match_buffer(c, (mr, nr), "int32", offset_factor=1, strides=[ldc, 1],
                            scope="local")
         with T.sblock("root"):
-            T.reads(C[0:mr, 0:nr], A[0:mr, 0:kc], B[0:groups, 0:nr, 0:4])
+            T.reads(C[0:mr, 0:nr], A[0:mr, 0:kc], B[0:pairs, 0:nr, 0:2])
             T.writes(C[0:mr, 0:nr])
-            parts = T.alloc_buffer((mr, nr * 2), "int32", scope="local")
-            for i in T.unroll(mr):
-                for q in T.unroll(quads):
-                    parts[i, T.ramp(q * 8, 1, 8)] = T.broadcast(T.int32(0), 8)
-            for g in T.serial(groups):
+            for g in T.serial(pairs):
                 for i in T.unroll(mr):
-                    for q in T.unroll(quads):
-                        parts[i, T.ramp(q * 8, 1, 8)] = parts[i, T.ramp(q * 8, 1, 8)] + \
+                    for v in T.unroll(vectors):
+                        C[i, T.ramp(v * 8, 1, 8)] = C[i, T.ramp(v * 8, 1, 8)] + \
                             T.call_llvm_pure_intrin(
-                                T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.wd"),
-                                T.Cast("int16x16", T.reinterpret(T.broadcast(T.reinterpret(
-                                    A.vload([i, g * 4], "uint8x4"), dtype="int32"), 4),
-                                    dtype="uint8x16")),
-                                T.Cast("int16x16", B.vload([g, q * 4, 0], "int8x16")),
-                                dtype="int32x8")
-            for i, j in T.grid(mr, nr):
-                C[i, j] = C[i, j] + parts[i, j * 2] + parts[i, j * 2 + 1]
+                                "int32x8", "llvm.x86.avx2.pmadd.wd",
+                                T.reinterpret(T.broadcast(T.reinterpret(
+                                    A.vload([i, g * 2], "int16x2"), dtype="int32"), 8),
+                                    dtype="int16x16"),
+                                B.vload([g, v * 8, 0], "int16x16"))
 
-    return _grouped_desc(mr, nr, kc, "uint8", "int8", "int32", 4), impl
+    return _grouped_desc(mr, nr, kc, "int16", "int16", "int32", 2), impl

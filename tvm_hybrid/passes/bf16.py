@@ -22,7 +22,8 @@ import tvm
 from tvm import relax, te
 from tvm.target import Target
 
-from ..microkernels import microkernels_for, panel_for
+from ..heuristics import panel_width
+from ..microkernels import microkernels_for
 from .prepack import pack_weight_grouped
 from .relax_rewrite import bound_value, is_static_tensor, rewrite_functions
 
@@ -96,7 +97,7 @@ class _Rewriter(relax.PyExprMutator):
             return call
         array = weight.value.numpy()
         k, n = array.shape
-        nr = panel_for(self.target, "bfloat16", int(x_ty.shape.values[-2]), n, k + k % 2)
+        nr = panel_width(self.target, "bfloat16", int(x_ty.shape.values[-2]), n, k + k % 2)
         if nr is None:
             return call
         if dtype == "float32":

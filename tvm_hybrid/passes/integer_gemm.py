@@ -1,21 +1,28 @@
-"""``IntegerGemmToVNNI``: integer matmuls with constant 8-bit weights to the u8 x s8 VNNI GEMM.
+"""``IntegerGemmToVNNI``: integer matmuls with constant 8-bit weights to the integer GEMM engine.
 
 TVM imports ONNX ``MatMulInteger`` (and the integer core of quantized graphs) as an int32
 ``matmul(astype(x, int32) - x_zp, W32)``, where phase 1 has already folded the weight side,
-``W32 = int32(W) - w_zp``, into a constant. When every value of ``W32`` fits in ``s8``, that is
-rewritten to a GEMM on 8-bit operands the VNNI microkernel computes exactly:
+``W32 = int32(W) - w_zp``, into a constant. That is rewritten to a GEMM on narrow operands that
+a microkernel computes exactly; which one depends on the target
+(:func:`~tvm_hybrid.microkernels.integer_gemm_dtype`):
 
-    y[i, j] = sum_k (x[i, k] - zp) * W32[k, j]
-            = sum_k xu[i, k] * W32[k, j] - zp_u * colsum(W32)[j]
+* **u8 x s8** (VNNI, AMX), when every value of ``W32`` fits in ``s8``::
 
-``xu`` is ``x`` itself for ``u8`` activations, or ``x + 128`` (as ``u8``) for ``s8`` activations
-with ``zp_u = zp + 128``: VNNI multiplies unsigned by signed bytes. The compensation
-``zp_u * colsum(W32)`` is a constant computed here with numpy; ``W32`` is stored packed for the
-microkernel, ``W_packed[N_pad / nr, K / 4, nr, 4]`` (``K`` in groups of 4, ``N`` zero-padded),
-and the padded columns are sliced off inside the kernel. The result is bit-exact.
+      y[i, j] = sum_k (x[i, k] - zp) * W32[k, j]
+              = sum_k xu[i, k] * W32[k, j] - zp_u * colsum(W32)[j]
 
-Shapes the microkernel cannot take (``K % 4 != 0``), weights outside ``s8`` and non-constant
-operands keep TVM's int32 matmul.
+  ``xu`` is ``x`` itself for ``u8`` activations, or ``x + 128`` (as ``u8``) for ``s8``
+  activations with ``zp_u = zp + 128``: VNNI multiplies unsigned by signed bytes. The
+  compensation ``zp_u * colsum(W32)`` is a constant computed here with numpy; ``W32`` is stored
+  packed, ``W_packed[N_pad / nr, K / 4, nr, 4]`` (``K`` in groups of 4).
+* **s16 x s16** (AVX2 without VNNI), for any 8-bit data: ``x - zp`` as ``s16`` (a cast that
+  fuses into the producer of ``x``) times ``W32`` as ``s16``, packed in pairs,
+  ``W_packed[N_pad / nr, K / 2, nr, 2]``; no compensation.
+
+``N`` is zero-padded to whole panels and the padded columns are sliced off inside the kernel;
+``K`` is zero-padded to the group. The result is bit-exact.
+
+Non-constant weights and weights that fit no kernel keep TVM's int32 matmul.
 """
 
 from __future__ import annotations
@@ -25,7 +32,8 @@ import tvm
 from tvm import relax, te
 from tvm.target import Target
 
-from ..microkernels import microkernels_for, panel_for
+from ..heuristics import panel_width
+from ..microkernels import integer_gemm_dtype, microkernels_for
 from .prepack import pack_weight_grouped
 from .relax_rewrite import (
     bound_value,
@@ -45,42 +53,59 @@ def pack_weight_vnni(weight: np.ndarray, nr: int) -> np.ndarray:
     return pack_weight_grouped(weight, nr, 4, np.int8)
 
 
-def int8_packed_matmul(x: te.Tensor, packed: te.Tensor, compensation: te.Tensor,
+def pack_weight_pairs_s16(weight: np.ndarray, nr: int) -> np.ndarray:
+    """``W[K, N]`` (s16 values) to ``W_packed[ceil(N / nr), ceil(K / 2), nr, 2]`` as ``int16``."""
+    return pack_weight_grouped(weight, nr, 2, np.int16)
+
+
+def int8_packed_matmul(x: te.Tensor, packed: te.Tensor, compensation: te.Tensor | None,
                        n: int) -> te.Tensor:
-    """``x[..., M, K] (u8) @ W (s8, VNNI-packed) - compensation[N]``, in int32."""
-    panels, groups, nr, _ = (int(d) for d in packed.shape)
+    """``x[..., M, K] @ W (packed in groups of g) - compensation[N]``, in int32.
+
+    ``x`` is ``u8`` with ``s8`` weights in groups of 4 (VNNI), or ``s16`` with ``s16`` weights
+    in pairs; ``compensation`` may be None (nothing subtracted).
+    """
+    panels, groups, nr, group = (int(d) for d in packed.shape)
     batch = tuple(x.shape[:-1])
-    k = te.reduce_axis((0, groups * 4), name="k")
+    k = te.reduce_axis((0, groups * group), name="k")
     acc = te.compute(
         (*batch, panels * nr),
         lambda *idx: te.sum(
             x[(*idx[:-1], k)].astype("int32")
-            * packed[idx[-1] // nr, k // 4, idx[-1] % nr, k % 4].astype("int32"),
+            * packed[idx[-1] // nr, k // group, idx[-1] % nr, k % group].astype("int32"),
             axis=k,
         ),
         name="int8_packed_matmul",
     )
+    if compensation is None:
+        if panels * nr == n:
+            return acc
+        return te.compute((*batch, n), lambda *idx: acc[idx], name="unpad")
     return te.compute((*batch, n), lambda *idx: acc[idx] - compensation[idx[-1]],
                       name="compensate")
 
 
 def emit_int8_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
                    zero_point: int, w32: np.ndarray) -> relax.Expr | None:
-    """Emit ``(x - zero_point) @ w32`` (int32) as the VNNI GEMM; None if it cannot be.
+    """Emit ``(x - zero_point) @ w32`` (int32) as an integer GEMM; None if it cannot be.
 
-    ``x`` is a static ``u8``/``s8`` tensor ``[..., M, K]``; ``w32`` holds s8 values. ``s8``
-    ``x`` is shifted to ``u8`` (+128, folded into the zero point), ``K`` is zero-padded to a
-    multiple of 4, and the compensation ``zero_point * colsum(w32)`` becomes a constant.
+    ``x`` is a static ``u8``/``s8`` tensor ``[..., M, K]``; ``w32`` holds the (zero-point
+    adjusted) integer weights. See the module docstring for the two forms.
     """
     x_ty = x.ty
     k, n = w32.shape
+    dtype = integer_gemm_dtype(target, int(w32.min(initial=0)), int(w32.max(initial=0)))
+    if dtype == "int16":
+        return _emit_s16_gemm(builder, target, x, zero_point, w32)
+    if dtype is None:
+        return None
     signed = str(x_ty.dtype) == "int8"
     zero_point += 128 if signed else 0
     compensation = zero_point * w32.astype(np.int64).sum(axis=0)
     if np.abs(compensation).max(initial=0) >= 2**31:
         return None
     pad = -k % 4  # zero rows of W (and zero columns of x) add nothing
-    nr = panel_for(target, "uint8", int(x_ty.shape.values[-2]), n, k + pad)
+    nr = panel_width(target, "uint8", int(x_ty.shape.values[-2]), n, k + pad)
     if nr is None:
         return None
     if signed:  # VNNI takes unsigned A
@@ -95,6 +120,27 @@ def emit_int8_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
         primfunc_name_hint=INT8_PACKED_MATMUL))
 
 
+def _emit_s16_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
+                   zero_point: int, w32: np.ndarray) -> relax.Expr | None:
+    """``(x - zero_point) @ w32`` on s16 operands (the AVX2 integer GEMM)."""
+    x_ty = x.ty
+    k, n = w32.shape
+    if np.abs(w32).max(initial=0) > 2**15 - 1:
+        return None
+    nr = panel_width(target, "int16", int(x_ty.shape.values[-2]), n, k + k % 2)
+    if nr is None:
+        return None
+    x16 = relax.op.astype(x, "int16")
+    if zero_point:
+        x16 = relax.op.subtract(x16, relax.const(zero_point, "int16"))
+    x16 = builder.emit(x16)
+    if k % 2:
+        x16 = builder.emit(relax.op.nn.pad(x16, [0, 0] * (x_ty.ndim - 1) + [0, 1]))
+    return builder.emit(builder.call_te(
+        int8_packed_matmul, x16, relax.const(pack_weight_pairs_s16(w32, nr)), None, int(n),
+        primfunc_name_hint=INT8_PACKED_MATMUL))
+
+
 @tvm.transform.module_pass(opt_level=0, name="IntegerGemmToVNNI")
 class IntegerGemmToVNNI:
     """Rewrite int32 matmuls of 8-bit data with constant 8-bit weights to the VNNI GEMM."""
@@ -103,7 +149,7 @@ class IntegerGemmToVNNI:
         self.target = target
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        if not microkernels_for(self.target, "uint8"):
+        if not (microkernels_for(self.target, "uint8") or microkernels_for(self.target, "int16")):
             return mod
         return rewrite_functions(mod, _Rewriter(mod, self.target), eliminate_dead_code=True)
 
@@ -129,7 +175,7 @@ class _Rewriter(relax.PyExprMutator):
         w32 = constant_value(self, weight)
         if w32 is None or w32.dtype != np.int32 or w32.ndim != 2:
             return None
-        if w32.shape[0] % 4 or w32.min(initial=0) < -128 or w32.max(initial=0) > 127:
+        if w32.min(initial=0) < -(2**15) or w32.max(initial=0) >= 2**15:
             return None
         zero_point = 0
         expr = bound_value(self, lhs)

@@ -3,7 +3,9 @@
 ``matmul(x, W)`` with a constant ``W[K, N]`` (transposed weights arrive here already folded into
 constants by phase 1's FoldConstant, so ``Gemm(transB=1)`` and ``linear`` are covered) becomes a
 call to a packed GEMM reading ``W_packed[N_pad / nr, K, nr]``: for each block of ``nr`` output
-columns, the ``K x nr`` panel the microkernel streams, contiguous. ``N`` is zero-padded to a
+columns, the ``K x nr`` panel the microkernel streams, contiguous (``nr`` is the panel width of
+the microkernel the heuristic picks for the GEMM's ``M``, ``heuristics.panel_width``). ``N`` is
+zero-padded to a
 multiple of ``nr`` and the padded columns are dropped by a slice inside the same kernel, so every
 tile is full. The packed array is computed here with numpy and embedded as the new constant:
 nothing is repacked at run time, no ``transform_params`` call is needed, and the compiled model
@@ -18,7 +20,7 @@ from tvm import relax, te
 from tvm.ir.prim.expr import IntImm
 from tvm.target import Target
 
-from ..microkernels import fp32_microkernels
+from ..heuristics import panel_width
 from .relax_rewrite import rewrite_functions
 
 PACKED_MATMUL = "hybrid_packed_matmul"
@@ -67,20 +69,17 @@ class PrepackConstantWeights:
     """Rewrite ``matmul(x, constant W)`` to a packed GEMM on a constant packed at compile time."""
 
     def __init__(self, target: Target):
-        kernels = fp32_microkernels(target)
-        self.nr = kernels[0].nr if kernels else None
+        self.target = target
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        if self.nr is None:
-            return mod
-        return rewrite_functions(mod, _Rewriter(mod, self.nr))
+        return rewrite_functions(mod, _Rewriter(mod, self.target))
 
 
 @relax.expr_functor.mutator
 class _Rewriter(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, nr: int):
+    def __init__(self, mod: tvm.IRModule, target: Target):
         super().__init__(mod)
-        self.nr = nr
+        self.target = target
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = self.visit_expr_post_order(call)
@@ -90,8 +89,11 @@ class _Rewriter(relax.PyExprMutator):
         if not _is_packable(x, weight):
             return call
         array = weight.value.numpy()
-        packed = relax.const(pack_weight(array, self.nr))
-        n = int(array.shape[1])
+        k, n = (int(d) for d in array.shape)
+        nr = panel_width(self.target, "float32", int(x.ty.shape.values[-2]), n, k)
+        if nr is None:
+            return call
+        packed = relax.const(pack_weight(array, nr))
         return self.builder_.call_te(packed_matmul, x, packed, n, primfunc_name_hint=PACKED_MATMUL)
 
 

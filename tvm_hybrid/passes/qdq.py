@@ -1,4 +1,4 @@
-"""``FoldQDQ``: quantized (QDQ) GEMMs to int8 VNNI GEMMs with integer requantization.
+"""``FoldQDQ``: quantized (QDQ) GEMMs to exact integer GEMMs with integer requantization.
 
 ONNX QDQ models express int8 inference as float ops wrapped in ``QuantizeLinear`` /
 ``DequantizeLinear`` pairs. TVM imports them as ``relax.quantize`` / ``relax.dequantize`` and, left
@@ -8,8 +8,9 @@ paper's quantized-graph reschedule) runs before constant folding and rewrites, i
 1. ``matmul(dequantize(xq, sx, zx), dequantize(Wq, sw, zw))`` with constant 8-bit ``Wq``
    (also transposed, as ``Gemm(transB=1)`` imports),
    per-tensor ``sx, zx`` and per-tensor or per-output-channel ``sw, zw`` becomes the exact
-   ``u8 x s8 -> s32`` VNNI GEMM of ``passes/integer_gemm.py`` (zero-point compensation
-   precomputed; ``K`` zero-padded to a multiple of 4) followed by ``float32(acc) * (sx * sw)``.
+   integer GEMM of ``passes/integer_gemm.py`` (``u8 x s8`` with VNNI, zero-point compensation
+   precomputed; ``s16`` on AVX2; ``K`` zero-padded to the kernel's group) followed by
+   ``float32(acc) * (sx * sw)``.
 2. ``quantize(relu?(add?(<that>, bias)), sy, zy)`` then becomes integer requantization of the
    accumulator, computed in the GEMM's epilogue (FuseOps puts it in the same kernel)::
 
@@ -96,7 +97,7 @@ class FoldQDQ:
         self.target = target
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        if not microkernels_for(self.target, "uint8"):
+        if not (microkernels_for(self.target, "uint8") or microkernels_for(self.target, "int16")):
             return mod
         return rewrite_functions(mod, _Rewriter(mod, self.target), eliminate_dead_code=True)
 
@@ -147,8 +148,6 @@ class _Rewriter(relax.PyExprMutator):
         if sw.size not in (1, n) or zw.size not in (1, n) or (sw.size == n and axis != 1):
             return None
         w32 = wq.astype(np.int64) - zw.reshape(-1).astype(np.int64)
-        if w32.min(initial=0) < -128 or w32.max(initial=0) > 127:
-            return None
         acc = emit_int8_gemm(self.builder_, self.target, xq, int(zx.reshape(())), w32)
         if acc is None:
             return None

@@ -5,7 +5,8 @@ A covered block computes ``C[..., i, j] += A[..., i, k] * B[...]`` either
 * in fp32, with ``B`` read plainly, ``B[..., k, j]``, or in the packed layout of
   ``passes/prepack.py``, ``B[j // nr, k, j % nr]``; or
 * in int32 from ``u8`` ``A`` and ``s8`` ``B`` (``C += int32(A) * int32(B)``), with ``B`` in the
-  VNNI layout of ``passes/integer_gemm.py``, ``B[j // nr, k // 4, j % nr, k % 4]``; or
+  VNNI layout of ``passes/integer_gemm.py``, ``B[j // nr, k // 4, j % nr, k % 4]``, or from
+  ``s16`` ``A`` and ``B`` with ``B`` packed in pairs, ``B[j // nr, k // 2, j % nr, k % 2]``; or
 * in fp32 from bf16 ``A`` and ``B`` (``C += float32(A) * float32(B)``), with ``B`` packed in
   pairs by ``passes/bf16.py``, ``B[j // nr, k // 2, j % nr, k % 2]``.
 
@@ -30,7 +31,7 @@ class GemmBlock:
     block: s_tir.schedule.SBlockRV
     shape: GemmShape
     packed_nr: int | None  # the panel width when B is prepacked, else None
-    dtype: str  # the dtype of A: "float32", "uint8" (VNNI int8 GEMM) or "bfloat16"
+    dtype: str  # the dtype of A: "float32", "uint8" (VNNI), "int16" (AVX2 integer) or "bfloat16"
 
 
 def match_gemm(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> GemmBlock | None:
@@ -85,11 +86,15 @@ def match_gemm(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> GemmBlock
         batch *= extent
     m, n, k_len = extents[len(spatial) - 2], extents[len(spatial) - 1], extents[-1]
     if out_dtype == "int32":
-        packed_nr = _vnni_width(b_load.indices, j, k)
         a_dtype, b_dtype = str(a_load.source.dtype), str(b_load.source.dtype)
-        if packed_nr is None or (a_dtype, b_dtype) != ("uint8", "int8") or k_len % 4:
+        group = {("uint8", "int8"): 4, ("int16", "int16"): 2}.get((a_dtype, b_dtype))
+        if group is None or k_len % group:
             return None
-        return GemmBlock(block, GemmShape(batch, m, n, k_len, itemsize=1), packed_nr, "uint8")
+        packed_nr = _vnni_width(b_load.indices, j, k, group)
+        if packed_nr is None:
+            return None
+        return GemmBlock(block, GemmShape(batch, m, n, k_len, itemsize=4 // group), packed_nr,
+                         a_dtype)
     if widened:  # bf16 operands, fp32 accumulation: B packed with K in pairs
         packed_nr = _pair_width(b_load.indices, j, k)
         a_dtype, b_dtype = str(a_load.source.dtype), str(b_load.source.dtype)

@@ -87,7 +87,7 @@ def apply_template(
     if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
         return None
     if not (fp32_microkernels(target) or int8_microkernels(target)
-            or bf16_microkernels(target)):
+            or int8_microkernels(target, "int16") or bf16_microkernels(target)):
         return None
     sch = sch if sch is not None else s_tir.Schedule(func)
     used: list[GemmKnobs] = []
