@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import tvm
 
 import tvm_hybrid
@@ -70,3 +71,34 @@ def test_plain_import_tvm_registers_hybrid_pipeline():
 
 def test_describe_host_is_json_serialisable():
     json.dumps(tvm_hybrid.describe_host())
+
+
+def _host_info_with(cpu: str) -> subprocess.CompletedProcess:
+    code = "import json, tvm_hybrid; print(json.dumps(tvm_hybrid.describe_host()))"
+    env = dict(os.environ, TVM_HYBRID_HOST_CPU=cpu)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=120)
+
+
+def test_host_cpu_variable_emulates_an_older_cpu():
+    """TVM_HYBRID_HOST_CPU=haswell: "host" compiles for Haswell and only AVX2 counts."""
+    out = _host_info_with("haswell")
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    assert info["cpu"] == "haswell" and info["isa"] == ["avx2"]
+    assert info["emulating"].startswith("haswell on a ")
+
+
+def test_host_cpu_variable_cannot_add_features():
+    from tvm_hybrid.host import host_features
+
+    if "amx-tile" in host_features():
+        pytest.skip("this host has AMX: sapphirerapids adds no feature it lacks")
+    out = _host_info_with("sapphirerapids")
+    assert out.returncode != 0
+    assert "TargetError" in out.stderr and "amx-tile" in out.stderr and "lacks" in out.stderr
+
+
+def test_host_cpu_variable_names_an_unknown_cpu():
+    out = _host_info_with("pentium9000")
+    assert out.returncode != 0 and "not a CPU LLVM" in out.stderr
