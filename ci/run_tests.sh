@@ -8,5 +8,10 @@ python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
 "$VENV/bin/python" -m pip install -q ".[test]"
 "$VENV/bin/python" -m ruff check tvm_hybrid tests tutorials python
+# The AVX2-only path (no AVX-512, no VNNI) of the kernels, whatever this host has: the ISA test
+# files again as a Haswell would run them (TVM_HYBRID_HOST_CPU only takes features away).
+TVM_HYBRID_HOST_CPU=haswell "$VENV/bin/python" -m pytest -q -p no:cacheprovider \
+    tests/test_int8.py tests/test_qdq.py tests/test_bf16.py tests/test_gemm_engine.py \
+    tests/test_numerics.py tests/test_amx.py
 # The README's test command:
 "$VENV/bin/python" -m pytest -q
