@@ -15,6 +15,7 @@ from tvm.target import Target
 
 from .host import host_target
 from .passes import (
+    CheckIndices,
     FastMath,
     FoldQDQ,
     FuseGemmEpilogues,
@@ -77,6 +78,8 @@ def prepare_passes(target: Target, precision: str = "fp32") -> list[tvm.transfor
         relax.transform.CanonicalizeBindings(),
         FoldQDQ(target),
         relax.transform.FoldConstant(),
+        # Gathers and scatters check their run-time indices (after folding: static extents).
+        CheckIndices(),
         # Phase 2: graph passes (fusion patterns, weight prepacking, quantization).
         *graph_passes(target, precision),
         # Phase 3: legalize to TIR and fuse producer/consumer chains into one kernel each.

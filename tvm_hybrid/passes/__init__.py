@@ -1,6 +1,7 @@
-"""Relax graph passes of the hybrid pipeline (phase 2), one per module."""
+"""Relax graph passes of the hybrid pipeline (phases 1 and 2), one per module."""
 
 from .bf16 import PrepackBF16
+from .check_indices import CheckIndices
 from .fast_math import FastMath
 from .fuse_epilogues import FuseGemmEpilogues
 from .integer_gemm import IntegerGemmToVNNI
@@ -8,6 +9,7 @@ from .prepack import PrepackConstantWeights
 from .qdq import FoldQDQ
 
 __all__ = [
+    "CheckIndices",
     "FastMath",
     "FoldQDQ",
     "FuseGemmEpilogues",
