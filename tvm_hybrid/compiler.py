@@ -13,10 +13,12 @@ import tvm
 from tvm import relax
 from tvm.s_tir import meta_schedule as ms
 
+from .artifact import embed_metadata
+from .compile_lock import COMPILER_LOCK
 from .compiled_model import CompiledModel
-from .errors import CompileError, TargetError, TuningRecordsError
+from .errors import CompileError, OptionError, TargetError, TuningRecordsError
 from .frontend import import_model
-from .host import make_target
+from .host import make_target, target_to_dict
 from .microkernels import bf16_microkernels
 from .pipeline import PRECISIONS, hybrid_pipeline
 
@@ -68,9 +70,14 @@ def compile(  # noqa: A001 - the public name mirrors tvm.compile
     CompiledModel
     """
     if pipeline not in PIPELINES:
-        raise ValueError(f"pipeline must be one of {PIPELINES}, got {pipeline!r}")
+        raise OptionError(f"pipeline must be one of {PIPELINES}, got {pipeline!r}")
     tgt = make_target(target)
     check_precision(precision, tgt)
+    with COMPILER_LOCK:
+        return _compile(model, tgt, params, tuning_records, input_shapes, pipeline, precision)
+
+
+def _compile(model, tgt, params, tuning_records, input_shapes, pipeline, precision):
     imported = import_model(model, input_shapes=input_shapes)
     mod = imported.mod
     if params:
@@ -78,6 +85,7 @@ def compile(  # noqa: A001 - the public name mirrors tvm.compile
         bound = set(params)
         imported.inputs = [spec for spec in imported.inputs if spec.name not in bound]
     database = _load_records(tuning_records, tgt) if tuning_records is not None else None
+    mod = embed_metadata(mod, model_metadata(tgt, imported.inputs))
     relax_pipeline = (hybrid_pipeline(tgt, precision) if pipeline == "hybrid"
                       else relax.get_pipeline("default"))
     try:
@@ -95,10 +103,19 @@ def compile(  # noqa: A001 - the public name mirrors tvm.compile
     return CompiledModel(executable, tgt, imported.inputs, lowered=lowered)
 
 
+def model_metadata(target: tvm.target.Target, inputs) -> dict:
+    """What an exported model records about itself (``artifact.py``)."""
+    from .artifact import FORMAT
+
+    return {"format": FORMAT, "target": target_to_dict(target),
+            "inputs": [{"name": s.name, "shape": list(s.shape), "dtype": s.dtype}
+                       for s in inputs]}
+
+
 def check_precision(precision: str, target: tvm.target.Target) -> None:
     """Raise unless ``precision`` is known and ``target`` can compute in it."""
     if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        raise OptionError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if precision != "bf16":
         return
     kernels = bf16_microkernels(target)

@@ -34,3 +34,7 @@ class CompileError(TVMHybridError):
 
 class TuningRecordsError(TVMHybridError):
     """A tuning-records file is missing, malformed or made for another target."""
+
+
+class OptionError(TVMHybridError, ValueError):
+    """An option has a value tvm_hybrid does not know (a precision, a pipeline, a count)."""

@@ -57,7 +57,9 @@ def set_num_threads(count: int) -> int:
     """
     import tvm
 
+    from .errors import OptionError
+
     if count < 1:
-        raise ValueError(f"thread count must be at least 1, got {count}")
+        raise OptionError(f"thread count must be at least 1, got {count}")
     tvm.get_global_func("runtime.config_threadpool")(0, int(count))
     return num_threads()

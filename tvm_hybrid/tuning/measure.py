@@ -19,6 +19,7 @@ import tvm
 from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 
+from ..compile_lock import COMPILER_LOCK
 from ..errors import TVMHybridError
 
 logger = logging.getLogger(__name__)
@@ -138,7 +139,8 @@ class Measurer:
 
     def _build(self, mod: tvm.IRModule):
         try:
-            return tvm.compile(mod, target=self.target).mod
+            with COMPILER_LOCK:
+                return tvm.compile(mod, target=self.target).mod
         except Exception as err:  # noqa: BLE001 - a candidate that does not build is skipped
             logger.debug("candidate failed to build: %s", err)
             return None

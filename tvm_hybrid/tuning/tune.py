@@ -23,6 +23,7 @@ from tvm import s_tir
 from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 
+from ..compile_lock import COMPILER_LOCK
 from ..errors import CompileError, TuningRecordsError, TVMHybridError
 from ..frontend import import_model
 from ..host import make_target
@@ -76,8 +77,14 @@ def extract_tasks(model, target: Target, *, input_shapes=None, params=None,
     """
     from ..compiler import _bind_params
 
+    with COMPILER_LOCK:
+        return _extract_tasks(model, target, input_shapes, params, others, precision,
+                              _bind_params)
+
+
+def _extract_tasks(model, target, input_shapes, params, others, precision, bind_params):
     imported = import_model(model, input_shapes=input_shapes)
-    mod = _bind_params(imported.mod, params) if params else imported.mod
+    mod = bind_params(imported.mod, params) if params else imported.mod
     try:
         with warnings.catch_warnings(), target:
             warnings.simplefilter("ignore")
