@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import os
+import re
 import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -12,9 +13,11 @@ import tvm
 from tvm import relax
 from tvm.target import Target
 
-from .errors import CompileError, InputError, ModelLoadError
+from .artifact import read_checked, write_sidecar
+from .errors import CompileError, InputError, ModelLoadError, OptionError
 from .frontend import TensorSpec
-from .host import check_runnable_here, target_to_dict
+from .host import check_runnable_here
+from .passes.check_indices import INDEX_ERROR
 
 _SOURCE_FORMATS = {"asm": "s", "s": "s", "ll": "ll", "llvm": "ll", "tir": "tir"}
 
@@ -39,17 +42,27 @@ class CompiledModel:
         self.target = target
         self.inputs = list(inputs)
         self.lowered = lowered
-        self._vm = None
+        self._local = threading.local()
+        self._checked = False
 
     # --- running -------------------------------------------------------------------------
 
     @property
     def vm(self) -> relax.VirtualMachine:
-        """The Relax VM, created on first use (after checking this CPU can run the code)."""
-        if self._vm is None:
-            check_runnable_here(self.target)
-            self._vm = relax.VirtualMachine(self.executable, tvm.cpu())
-        return self._vm
+        """This thread's Relax VM, created on first use (after checking this CPU can run the
+        code).
+
+        A VM holds per-call state (its registers), so each thread calling the model gets its
+        own; they share the executable and its constants, so a model is safe to call from any
+        number of threads at once.
+        """
+        vm = getattr(self._local, "vm", None)
+        if vm is None:
+            if not self._checked:
+                check_runnable_here(self.target)
+                self._checked = True
+            vm = self._local.vm = relax.VirtualMachine(self.executable, tvm.cpu())
+        return vm
 
     def __call__(self, *arrays, **named):
         """Run the model.
@@ -64,8 +77,12 @@ class CompiledModel:
         numpy.ndarray or tuple of numpy.ndarray
             One array for a single-output model, else a tuple.
         """
-        args = self._to_device(self._bind(arrays, named))
-        return _to_numpy(self.vm["main"](*args))
+        bound = self._bind(arrays, named)
+        args = self._to_device(bound)
+        try:
+            return _to_numpy(self.vm["main"](*args))
+        except Exception as err:
+            raise self._run_error(err, bound) from None
 
     def benchmark(self, *arrays, repeat: int = 30, min_repeat_ms: int = 50, **named) -> dict:
         """Time the model on the given inputs.
@@ -79,11 +96,40 @@ class CompiledModel:
             ``median_ms``, ``mean_ms``, ``p10_ms``, ``p90_ms``, ``min_ms``, ``std_ms`` and
             ``repeat``.
         """
-        args = self._to_device(self._bind(arrays, named))
+        if repeat < 1:
+            raise OptionError(f"repeat must be at least 1, got {repeat}")
+        bound = self._bind(arrays, named)
+        args = self._to_device(bound)
         timer = self.vm.time_evaluator(
             "main", tvm.cpu(), repeat=repeat, number=1, min_repeat_ms=int(min_repeat_ms)
         )
-        return summarize_times(np.array(timer(*args).results) * 1e3)
+        try:
+            results = timer(*args).results
+        except Exception as err:
+            raise self._run_error(err, bound) from None
+        return summarize_times(np.array(results) * 1e3)
+
+    def _run_error(self, err: Exception, arrays: list[np.ndarray]) -> Exception:
+        """The error to raise for ``err`` from running the model on ``arrays``.
+
+        A failed index check (``passes/check_indices.py``) becomes an :class:`InputError` with
+        the range of the offending input's values; memory exhaustion a :class:`InputError`
+        saying so; anything else is returned unchanged.
+        """
+        text = str(err)
+        if INDEX_ERROR in text:
+            detail = text[text.index(INDEX_ERROR) + len(INDEX_ERROR) + 2:].splitlines()[0]
+            found = re.search(r"input '([^']+)'", detail)
+            names = {spec.name: a for spec, a in zip(self.inputs, arrays)}
+            if found and found.group(1) in names and names[found.group(1)].size:
+                values = names[found.group(1)]
+                detail += f"; it holds values from {values.min()} to {values.max()}"
+            return InputError(f"index out of range: {detail}")
+        if "bad_alloc" in text or "out of memory" in text.lower():
+            sizes = ", ".join(f"{s.name} {tuple(a.shape)}" for s, a in zip(self.inputs, arrays))
+            return InputError(f"out of memory running the model on inputs {sizes}: reduce the "
+                              "batch or sequence size")
+        return err
 
     def _bind(self, arrays: tuple, named: dict) -> list[np.ndarray]:
         if arrays and named:
@@ -108,7 +154,8 @@ class CompiledModel:
 
     @staticmethod
     def _to_device(arrays: list[np.ndarray]) -> list:
-        return [tvm.runtime.tensor(np.ascontiguousarray(a), tvm.cpu()) for a in arrays]
+        # np.require keeps 0-d inputs 0-d (np.ascontiguousarray would make them 1-d).
+        return [tvm.runtime.tensor(np.require(a, requirements="C"), tvm.cpu()) for a in arrays]
 
     # --- code and export -----------------------------------------------------------------
 
@@ -116,7 +163,7 @@ class CompiledModel:
         """The generated code: ``"asm"`` (x86 assembly), ``"ll"`` (LLVM IR) or ``"tir"``."""
         kind = _SOURCE_FORMATS.get(fmt)
         if kind is None:
-            raise ValueError(f"unknown source format {fmt!r}; use one of asm, ll, tir")
+            raise OptionError(f"unknown source format {fmt!r}; use one of asm, ll, tir")
         if kind == "tir":
             if self.lowered is None:
                 raise CompileError("TIR is only kept for models compiled in this process")
@@ -141,7 +188,8 @@ class CompiledModel:
         )
 
     def export(self, path: str | os.PathLike) -> Path:
-        """Write the model to a shared library ``path`` (plus ``path + '.json'`` metadata).
+        """Write the model to a shared library ``path`` (plus ``path + '.json'`` metadata with
+        its target, inputs and checksum; the library embeds the same metadata).
 
         Needs a C++ compiler (g++ or clang) on ``PATH`` to link the library.
         """
@@ -155,37 +203,37 @@ class CompiledModel:
             self.executable.export_library(str(path))
         except Exception as err:
             raise CompileError(f"could not export {path}: {err}") from None
-        meta = {
-            "format": "tvm_hybrid/1",
-            "target": target_to_dict(self.target),
-            "inputs": [
-                {"name": s.name, "shape": list(s.shape), "dtype": s.dtype} for s in self.inputs
-            ],
-        }
-        Path(str(path) + ".json").write_text(json.dumps(meta, indent=1))
+        from .compiler import model_metadata
+
+        write_sidecar(path, model_metadata(self.target, self.inputs))
         return path
 
 
 def load(path: str | os.PathLike) -> CompiledModel:
-    """Load a model written by :meth:`CompiledModel.export`."""
+    """Load a model written by :meth:`CompiledModel.export`.
+
+    The library is checked before it is loaded (``artifact.py``): an x86-64 shared object whose
+    size and SHA-256 match the sidecar and whose embedded target this CPU can run. Anything
+    else raises :class:`ModelLoadError` (or :class:`TargetError` for another CPU's code).
+    """
     path = Path(path)
-    if not path.is_file():
-        raise ModelLoadError(f"compiled model not found: {path}")
-    meta_path = Path(str(path) + ".json")
-    if not meta_path.is_file():
-        raise ModelLoadError(f"{meta_path} is missing: it records the model's inputs and target")
+    meta = read_checked(path)
     try:
-        meta = json.loads(meta_path.read_text())
         target = Target(meta["target"])
         inputs = [TensorSpec(i["name"], tuple(i["shape"]), i["dtype"]) for i in meta["inputs"]]
-    except (ValueError, KeyError, TypeError) as err:
-        raise ModelLoadError(f"{meta_path} is not tvm_hybrid model metadata ({err})") from None
+    except (ValueError, KeyError, TypeError, RuntimeError) as err:
+        raise ModelLoadError(f"{path}: its metadata names no valid target and inputs "
+                             f"({err})") from None
     check_runnable_here(target)
     try:
         lib = tvm.runtime.load_module(str(path))
+        relax.VirtualMachine(lib, tvm.cpu())  # a Relax executable, not some other TVM module
     except Exception as err:
-        raise ModelLoadError(f"{path} is not a loadable TVM module ({err})") from None
-    return CompiledModel(lib, target, inputs)
+        raise ModelLoadError(f"{path} is not a loadable tvm_hybrid model "
+                             f"({_first_line(err)})") from None
+    model = CompiledModel(lib, target, inputs)
+    model._checked = True
+    return model
 
 
 def summarize_times(times_ms) -> dict:
@@ -215,6 +263,11 @@ def _check_input(spec: TensorSpec, array: np.ndarray) -> np.ndarray:
             f"{tuple(array.shape)}"
         )
     return array
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 def _show_shape(shape: tuple) -> str:
