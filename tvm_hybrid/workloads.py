@@ -153,9 +153,9 @@ def qdq_reference(wl: Workload) -> np.ndarray:
 
     Quantization and dequantization follow ONNX (round half to even, saturate); each GEMM is
     exact in integers, with bias and requantization in the integer arithmetic of
-    ``tvm_hybrid.passes.qdq`` (bias rounded to the accumulator's scale, fixed-point multiplier).
+    ``tvm_hybrid.passes.qdq`` (fixed-point multiplier, bias with the multiplier's precision).
     """
-    from .passes.qdq import quantized_multiplier, requantize_reference
+    from .passes.qdq import requantization_constants, requantize_reference
 
     inits = {t.name: numpy_helper.to_array(t) for t in wl.model.graph.initializer}
     nodes = list(wl.model.graph.node)
@@ -184,9 +184,8 @@ def qdq_reference(wl: Workload) -> np.ndarray:
             relu = nodes[index + 2].op_type == "Relu"
             qnode = nodes[index + 2 + relu]
             sy, zy = inits[qnode.input[1]], inits[qnode.input[2]]
-            bias_q = np.round(bias.astype(np.float64) / scale.astype(np.float64))
-            m, shift = quantized_multiplier(scale.astype(np.float64) / float(sy))
-            values[qnode.output[0]] = requantize_reference(acc, bias_q, m, shift, int(zy),
+            bias_fixed, m, shift = requantization_constants(scale, float(sy), bias)
+            values[qnode.output[0]] = requantize_reference(acc, bias_fixed, m, shift, int(zy),
                                                            "uint8", relu)
             index += 3 + relu
             continue

@@ -4,6 +4,8 @@ The same rewrite as ``relax.transform.FastMathTransform`` (``topi.fast_exp``, ``
 ``fast_tanh``, ``nn.fast_softmax``; relative error below 1e-6 in fp32), but it also enters the
 fused GEMM functions and leaves calls to functions alone (TVM's pass assumes every callee is an
 operator). Without it these ops become scalar libm calls that stall GELU epilogues and softmax.
+``fast_erf`` clamps its argument, which turns NaN into 1: a NaN input keeps its NaN here
+(``where(isnan(x), x, fast_erf(x))``), as exp, tanh and softmax already do.
 """
 
 from __future__ import annotations
@@ -18,7 +20,11 @@ class _FastMathRewriter(FastMathCodeGenerator._cls):
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         if not isinstance(call.op, tvm.ir.Op):
             return self.visit_expr_post_order(call)
-        return super().visit_call_(call)
+        fast = super().visit_call_(call)
+        if call.op.name != "relax.erf":
+            return fast
+        x = self.visit_expr(call.args[0])
+        return relax.op.where(relax.op.isnan(x), x, self.builder_.emit(fast))
 
 
 @tvm.transform.module_pass(opt_level=0, name="FastMath")

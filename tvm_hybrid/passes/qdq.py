@@ -14,15 +14,17 @@ paper's quantized-graph reschedule) runs before constant folding and rewrites, i
 2. ``quantize(relu?(add?(<that>, bias)), sy, zy)`` then becomes integer requantization of the
    accumulator, computed in the GEMM's epilogue (FuseOps puts it in the same kernel)::
 
-       v  = acc + round(bias / (sx * sw))              (int32 bias, per channel)
-       v  = max(v, 0)                                  (if ReLU)
-       q  = clip(((v * m + 2**(s - 1)) >> s) + zy)     (m * 2**-s = sx * sw / sy, m < 2**31)
+       v  = acc * m + round(bias * m / (sx * sw))    (int64; m * 2**-s = sx * sw / sy)
+       v  = max(v, 0)                                (if ReLU)
+       q  = clip(((v + 2**(s - 1)) >> s) + zy)       (2**30 <= m < 2**31)
 
-   so consecutive quantized layers pass ``u8``/``s8`` tensors to each other and never
-   materialise fp32 activations. :func:`requantize_reference` is the same arithmetic in numpy,
-   the integer reference the results are bit-exact against. Against ONNX's float QDQ semantics
-   the quantized outputs differ by at most one quantization step (the bias is rounded to the
-   accumulator's scale, and ties round up).
+   The bias is kept with ``s`` fractional bits of an output step (rounding it to the
+   accumulator's scale instead would be off by up to ``sx * sw / (2 sy)`` steps when the output
+   scale is finer than the accumulator's); both terms stay below ``2**62``. Consecutive
+   quantized layers pass ``u8``/``s8`` tensors to each other and never materialise fp32
+   activations. :func:`requantize_reference` is the same arithmetic in numpy, the integer
+   reference the results are bit-exact against. Against ONNX's float QDQ semantics the
+   quantized outputs differ by at most one quantization step (ties round up, not to even).
 """
 
 from __future__ import annotations
@@ -59,29 +61,48 @@ def quantized_multiplier(real: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return m, shift
 
 
-def requantize_reference(acc: np.ndarray, bias_q: np.ndarray, m: np.ndarray, s: np.ndarray,
+def requantization_constants(acc_scale: np.ndarray, output_scale: float,
+                             bias: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(bias_fixed, m, s)`` of the module docstring for per-channel accumulator scales.
+
+    Raises
+    ------
+    ValueError
+        When a scale is not positive and finite, or a value would leave the int64 range.
+    """
+    acc_scale = np.asarray(acc_scale, np.float64)
+    m, s = quantized_multiplier(acc_scale / float(output_scale))
+    bias = np.zeros(acc_scale.shape) if bias is None else np.asarray(bias, np.float64)
+    bias_fixed = np.round(bias / acc_scale * m)
+    if (np.abs(bias_fixed).max(initial=0) >= 2**62 or not np.all(np.isfinite(bias_fixed))
+            or s.min() < 1 or s.max() > 62):
+        raise ValueError("requantization constants out of range")
+    return bias_fixed.astype(np.int64), m, s
+
+
+def requantize_reference(acc: np.ndarray, bias_fixed: np.ndarray, m: np.ndarray, s: np.ndarray,
                          zero_point: int, dtype: str, relu: bool) -> np.ndarray:
     """The integer requantization of the module docstring, in numpy (int64)."""
-    v = acc.astype(np.int64) + bias_q.astype(np.int64)
+    v = acc.astype(np.int64) * m + bias_fixed.astype(np.int64)
     if relu:
         v = np.maximum(v, 0)
-    q = ((v * m + (np.int64(1) << (s - 1))) >> s) + zero_point
+    q = ((v + (np.int64(1) << (s - 1))) >> s) + zero_point
     info = np.iinfo(dtype)
     return np.clip(q, info.min, info.max).astype(dtype)
 
 
-def requantize(acc: te.Tensor, bias_q: te.Tensor, mult: te.Tensor, shift: te.Tensor,
+def requantize(acc: te.Tensor, bias_fixed: te.Tensor, mult: te.Tensor, shift: te.Tensor,
                zero_point: int, dtype: str, relu: bool) -> te.Tensor:
     """TE form of :func:`requantize_reference`."""
     info = np.iinfo(dtype)
 
     def compute(*idx):
         j = idx[-1]
-        v = acc[idx].astype("int64") + bias_q[j].astype("int64")
+        v = acc[idx].astype("int64") * mult[j] + bias_fixed[j]
         if relu:
             v = te.max(v, tvm.tirx.const(0, "int64"))
         half = tvm.tirx.const(1, "int64") << (shift[j] - 1)
-        q = ((v * mult[j] + half) >> shift[j]) + tvm.tirx.const(zero_point, "int64")
+        q = ((v + half) >> shift[j]) + tvm.tirx.const(zero_point, "int64")
         q = te.min(te.max(q, tvm.tirx.const(int(info.min), "int64")),
                    tvm.tirx.const(int(info.max), "int64"))
         return q.astype(dtype)
@@ -188,21 +209,15 @@ class _Rewriter(relax.PyExprMutator):
             if bias.size not in (1, n) or bias.ndim > 1:
                 return None
             bias = np.broadcast_to(bias.reshape(-1), (n,)).astype(np.float64)
-        else:
-            bias = np.zeros(n)
-        bias_q = np.round(bias / scale.astype(np.float64))
-        if np.abs(bias_q).max(initial=0) >= 2**31:
-            return None
         try:
-            mult, shift = quantized_multiplier(scale.astype(np.float64) /
-                                               float(sy.reshape(())))
+            bias_fixed, mult, shift = requantization_constants(scale, float(sy.reshape(())),
+                                                               bias)
         except ValueError:
             return None
-        if shift.min() < 1 or shift.max() > 62:
-            return None
         return self.builder_.call_te(
-            requantize, acc, relax.const(bias_q.astype(np.int32)), relax.const(mult),
-            relax.const(shift), int(zy.reshape(())), dtype, relu,
+            # (relax.const narrows int64 arrays to int32 unless told the dtype)
+            requantize, acc, relax.const(bias_fixed, "int64"), relax.const(mult, "int64"),
+            relax.const(shift, "int64"), int(zy.reshape(())), dtype, relu,
             primfunc_name_hint=REQUANTIZE)
 
     def _gemm_of(self, expr: relax.Expr):
