@@ -66,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tune", help="search the expert templates' knobs; write tuning records")
     p.add_argument("model", help="path to the .onnx model")
     p.add_argument("-o", "--output", required=True, help="records file to write (JSON)")
-    p.add_argument("--trials", type=int, default=64,
+    p.add_argument("--trials", type=_positive_int, default=64,
                    help="configurations to measure over all kernels (default 64); each kernel "
                         "measures the heuristic's first")
     p.add_argument("--search", choices=("neighbourhood", "evolutionary"),
@@ -95,28 +95,42 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="a .so written by `tvm-hybrid compile`")
     p.add_argument("--inputs", help=".npz with one array per model input (by name); "
                    "random inputs (seed 0) if omitted")
-    p.add_argument("-o", "--outputs", help="write the outputs to this .npz")
+    p.add_argument("-o", "--outputs", help="write the outputs to this .npz (in a directory: "
+                   "DIR/outputs.npz)")
     p.add_argument("--print-time", action="store_true", help="time the model and print it")
-    p.add_argument("--print-top", type=int, metavar="N", help="print the first N output values")
-    p.add_argument("--repeat", type=int, default=30, help="timing repetitions (default 30)")
+    p.add_argument("--print-top", type=_positive_int, metavar="N",
+                   help="print the first N output values")
+    p.add_argument("--repeat", type=_positive_int, default=30,
+                   help="timing repetitions (default 30)")
     p.set_defaults(handler=_cmd_run)
 
     p = sub.add_parser("bench", help="compare hybrid with stock TVM and other runtimes")
     p.add_argument("model", help="path to the .onnx model")
     p.add_argument("--compare", default="tvm,onnxruntime,openvino",
                    help="comma-separated runtimes besides hybrid (tvm, onnxruntime, openvino)")
-    p.add_argument("--rounds", type=int, default=15, help="interleaved timing rounds")
+    p.add_argument("--rounds", type=_positive_int, default=15, help="interleaved timing rounds")
     _add_target_flags(p)
     p.set_defaults(handler=_cmd_bench)
 
     p = sub.add_parser("demo", help="compile the embedded MLP and BERT layer, stock vs hybrid")
-    p.add_argument("--rounds", type=int, default=10, help="interleaved timing rounds")
+    p.add_argument("--rounds", type=_positive_int, default=10, help="interleaved timing rounds")
     p.set_defaults(handler=_cmd_demo)
 
     p = sub.add_parser("info", help="host ISA, chosen kernels and versions")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=_cmd_info)
     return parser
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def _add_target_flags(p: argparse.ArgumentParser) -> None:
@@ -210,13 +224,26 @@ def _cmd_run(args) -> int:
             line += f" first values {out.reshape(-1)[: args.print_top].tolist()}"
         print(line)
     if args.outputs:
-        np.savez(args.outputs, **{f"output_{n}": o for n, o in enumerate(outputs)})
-        print(f"wrote {args.outputs}")
+        target = _outputs_path(args.outputs)
+        np.savez(target, **{f"output_{n}": o for n, o in enumerate(outputs)})
+        print(f"wrote {target}")
     if args.print_time:
         stats = model.benchmark(**arrays, repeat=args.repeat)
         print(f"latency: median {stats['median_ms']:.3f} ms, p10 {stats['p10_ms']:.3f} ms, "
               f"p90 {stats['p90_ms']:.3f} ms over {stats['repeat']} runs")
     return 0
+
+
+def _outputs_path(text: str) -> Path:
+    """Where ``run -o TEXT`` writes: TEXT itself (``.npz`` added, as numpy does), or
+    ``TEXT/outputs.npz`` for a directory."""
+    path = Path(text)
+    if path.is_dir() or text.endswith(("/", "\\")):
+        path.mkdir(parents=True, exist_ok=True)
+        return path / "outputs.npz"
+    if not path.parent.is_dir():
+        raise TVMHybridError(f"-o {text}: directory {path.parent} does not exist")
+    return path if path.suffix == ".npz" else path.with_name(path.name + ".npz")
 
 
 def _random_inputs(specs, flag: str) -> dict[str, np.ndarray]:

@@ -8,13 +8,18 @@ naming the file, op or node.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import os
+import re
+import sys
 import warnings
 from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx.inliner
 import tvm
 from tvm import relax
 
@@ -87,35 +92,89 @@ def import_model(
     if isinstance(model, tvm.IRModule):
         return _from_relax(model)
     source = str(model) if isinstance(model, (str, os.PathLike)) else "<onnx model>"
-    proto = decompose_qlinear_matmul(load_onnx(model))
+    proto = load_onnx(model)
+    _check_versions(proto, source)
+    if proto.functions:  # model-local functions: inline them, TVM's importer does not
+        proto = onnx.inliner.inline_local_functions(proto)
+    proto = decompose_qlinear_matmul(proto)
     _check_ops_supported(proto, source)
     inputs = _onnx_inputs(proto, input_shapes or {})
     shape_dict = {spec.name: spec.shape for spec in inputs if _is_static(spec.shape)}
     from tvm.relax.frontend.onnx import from_onnx
 
+    printed = io.StringIO()  # the importer prints "Error converting operator X" on failure
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), contextlib.redirect_stdout(printed):
             warnings.simplefilter("ignore")
             mod = from_onnx(proto, shape_dict=shape_dict or None, keep_params_in_input=False)
-    except tvm.error.OpNotImplemented as err:
-        raise UnsupportedModelError(f"{source}: {_first_line(err)}") from None
     except Exception as err:
-        raise UnsupportedModelError(
-            f"{source}: TVM's ONNX importer failed ({type(err).__name__}: {_first_line(err)})"
-        ) from None
+        if isinstance(err, tvm.error.OpNotImplemented):
+            message = f"{source}: {_first_line(err)}"
+        else:
+            found = re.search(r"Error converting operator (\w+)", printed.getvalue())
+            where = f" at a {found.group(1)} node" if found else ""
+            message = (f"{source}: TVM's ONNX importer failed{where} ({type(err).__name__}: "
+                       f"{_first_line(err)})")
+        _release_quietly(err)
+        raise UnsupportedModelError(message) from None
     return ImportedModel(mod=mod, inputs=inputs, source=source)
+
+
+def _release_quietly(err: BaseException) -> None:
+    """Free what the failed import left (held by ``err``'s traceback) with the C++ stderr
+    silenced: TVM's block builder warns ("destroyed with remaining blocks") when freed after a
+    failure, a stray line around our one-line error."""
+    import gc
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            err.__traceback__ = None
+            gc.collect()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+_DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+def _check_versions(proto: onnx.ModelProto, source: str) -> None:
+    """The IR version and the default domain's opset must be ones onnx (and the importer)
+    know; a newer model would be imported with the wrong semantics."""
+    if proto.ir_version > onnx.IR_VERSION:
+        raise ModelLoadError(
+            f"{source}: ONNX IR version {proto.ir_version} is newer than this onnx "
+            f"({onnx.__version__}) supports (up to {onnx.IR_VERSION})")
+    newest = onnx.defs.onnx_opset_version()
+    for opset in proto.opset_import:
+        if opset.domain in _DEFAULT_DOMAINS and opset.version > newest:
+            raise ModelLoadError(
+                f"{source}: the model needs opset {opset.version} of the ONNX operators; this "
+                f"onnx ({onnx.__version__}) and TVM's importer know up to opset {newest}")
 
 
 def _check_ops_supported(proto: onnx.ModelProto, source: str) -> None:
     from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
     known = set(_get_convert_map()) | {"If", "Constant"}
+    standard = {schema.name for schema in onnx.defs.get_all_schemas() if schema.domain == ""}
     missing: dict[str, str] = {}
 
     def walk(graph: onnx.GraphProto) -> None:
         for node in graph.node:
-            if node.op_type not in known:
-                missing.setdefault(node.op_type, node.name or node.output[0])
+            name = node.name or node.output[0]
+            if node.domain not in _DEFAULT_DOMAINS:
+                # TVM's importer looks ops up by name only: a custom-domain "Relu" would be
+                # compiled as ONNX's. Only the contrib ops it implements (com.microsoft's,
+                # whose names ONNX does not use) are taken.
+                if not (node.domain == "com.microsoft" and node.op_type in known
+                        and node.op_type not in standard):
+                    missing.setdefault(f"{node.op_type} of domain {node.domain!r}", name)
+            elif node.op_type not in known:
+                missing.setdefault(node.op_type, name)
             for attr in node.attribute:
                 if attr.type == onnx.AttributeProto.GRAPH:
                     walk(attr.g)
