@@ -8,7 +8,11 @@ import tvm
 
 import tvm_hybrid
 from tvm_hybrid import workloads
-from tvm_hybrid.passes.qdq import quantized_multiplier, requantize_reference
+from tvm_hybrid.passes.qdq import (
+    quantized_multiplier,
+    requantization_constants,
+    requantize_reference,
+)
 
 # Every integer GEMM family (VNNI, AVX-VNNI, the AVX2 s16 kernel) runs on an AVX2 CPU or better.
 pytestmark = pytest.mark.requires("avx2")
@@ -24,12 +28,29 @@ def test_quantized_multiplier_is_accurate():
 
 
 def test_requantize_reference_rounds_half_up_and_saturates():
-    m, s = quantized_multiplier(np.array([0.5]))
+    bias, m, s = requantization_constants(np.array([0.5]), 1.0, None)
     acc = np.array([[1, 3, -1, -3, 1000, -1000]])
-    out = requantize_reference(acc, np.zeros(1), m, s, 10, "uint8", relu=False)
+    out = requantize_reference(acc, bias, m, s, 10, "uint8", relu=False)
     np.testing.assert_array_equal(out, [[11, 12, 10, 9, 255, 0]])
-    out = requantize_reference(acc, np.zeros(1), m, s, 10, "uint8", relu=True)
+    out = requantize_reference(acc, bias, m, s, 10, "uint8", relu=True)
     np.testing.assert_array_equal(out, [[11, 12, 10, 10, 255, 10]])
+
+
+@pytest.mark.parametrize("ratio", [0.01, 0.7, 2.5, 9.0, 50.0])
+def test_bias_keeps_output_precision_when_the_output_scale_is_finer(ratio):
+    """sx * sw / sy > 2 used to round the bias to the accumulator's scale: 2-25 steps off.
+
+    Against float QDQ semantics (round((acc * sx * sw + bias) / sy)), the integer result is
+    within one step, for any ratio of accumulator to output scale."""
+    rng = np.random.default_rng(1)
+    acc_scale = np.full(64, 0.01)
+    bias = rng.uniform(-3, 3, 64)
+    acc = rng.integers(-20000, 20000, (16, 64))
+    sy = 0.01 / ratio
+    fixed, m, s = requantization_constants(acc_scale, sy, bias)
+    got = requantize_reference(acc, fixed, m, s, 0, "int8", relu=False).astype(np.int64)
+    exact = np.clip(np.round((acc * acc_scale + bias) / sy), -128, 127)
+    assert np.abs(got - exact).max() <= 1
 
 
 @pytest.mark.parametrize("batch, dims", [
@@ -122,8 +143,8 @@ def _qlinear_matmul_model(m, k, n, a_dtype, seed=0):
     data = rng.integers(info.min, info.max + 1, (m, k)).astype(a_dtype)
     acc = (data.astype(np.int64) - int(params["a_zp"])) @ b.astype(np.int64)
     scale = (np.float32(params["a_scale"]) * params["b_scale"]).astype(np.float32)
-    mult, shift = quantized_multiplier(scale.astype(np.float64) / float(params["y_scale"]))
-    want = requantize_reference(acc, np.zeros(n), mult, shift, int(params["y_zp"]), a_dtype,
+    bias_fixed, mult, shift = requantization_constants(scale, float(params["y_scale"]), None)
+    want = requantize_reference(acc, bias_fixed, mult, shift, int(params["y_zp"]), a_dtype,
                                 relu=False)
     return proto, data, want
 
@@ -182,8 +203,7 @@ def test_qdq_gemm_with_transposed_per_channel_weights():
     xq = np.clip(np.round(x / sx) + zx, 0, 255).astype(np.int64)
     acc = (xq - int(zx)) @ wq.T.astype(np.int64)
     scale = (sx * ws).astype(np.float32)
-    bias_q = np.round(bias.astype(np.float64) / scale.astype(np.float64))
-    mult, shift = quantized_multiplier(scale.astype(np.float64) / float(sy))
-    yq = requantize_reference(acc, bias_q, mult, shift, int(zy), "uint8", relu=True)
+    bias_fixed, mult, shift = requantization_constants(scale, float(sy), bias)
+    yq = requantize_reference(acc, bias_fixed, mult, shift, int(zy), "uint8", relu=True)
     want = (yq.astype(np.int32) - int(zy)).astype(np.float32) * sy
     np.testing.assert_array_equal(model(x), want)
