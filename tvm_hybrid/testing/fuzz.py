@@ -190,8 +190,9 @@ def _qdq_gemm(rng: np.random.Generator) -> Case:
     model = b.model([helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])], out,
                     TensorProto.FLOAT, [m, n])
     inputs = {"x": x}
-    # ONNX's float QDQ semantics (round half to even, saturate), in float64.
-    xq = np.clip(np.round(x.astype(np.float64) / sx) + int(zx), info.min, info.max)
+    # ONNX's float QDQ semantics (round half to even, saturate). The input is quantized as
+    # ONNX does, in float32 (one step there moves outputs by many steps); the rest in float64.
+    xq = np.clip(np.round(x / sx).astype(np.float64) + int(zx), info.min, info.max)
     y = ((xq - int(zx)) * float(sx)) @ (wq.astype(np.float64) * sw.astype(np.float64)) + bias
     y = np.maximum(y, 0) if relu else y
     yq = np.clip(np.round(y / float(sy)) + int(zy), info.min, info.max)
