@@ -100,6 +100,9 @@ def read_checked(path: str | Path) -> dict:
         if sidecar.get(key) != embedded.get(key):
             raise ModelLoadError(f"{meta_path.name} does not match {path.name}: its {key!r} "
                                  "differs from the one compiled into the library")
+    # Descriptive only (the profile report's kernel table), so taken from the sidecar.
+    embedded["kernels"] = sidecar.get("kernels") if isinstance(sidecar.get("kernels"), list) \
+        else []
     return embedded
 
 

@@ -63,6 +63,25 @@ def _parser() -> argparse.ArgumentParser:
                    help="bf16: GEMMs with constant weights in bf16 (AVX512-BF16), fp32 in/out")
     p.set_defaults(handler=_cmd_compile)
 
+    p.add_argument("--cache-dir", metavar="DIR",
+                   help="keep compiled models here and reuse them (default: "
+                        "$TVM_HYBRID_CACHE_DIR, else none)")
+
+    p = sub.add_parser("profile", help="time every kernel of a model: where the time goes and "
+                                       "why")
+    p.add_argument("model", help="path to the .onnx model")
+    p.add_argument("--inputs", help=".npz with one array per model input (by name); random "
+                   "inputs (seed 0) if omitted")
+    p.add_argument("--html", metavar="FILE", help="also write the report as an HTML bar chart")
+    p.add_argument("--json", metavar="FILE", help="also write the report as JSON")
+    p.add_argument("--repeat", type=_positive_int, default=10,
+                   help="timing repetitions per kernel (default 10)")
+    p.add_argument("--tuning-records", metavar="FILE|DIR", help="records to apply")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--cache-dir", metavar="DIR", help="compile cache (as for compile)")
+    _add_target_flags(p)
+    p.set_defaults(handler=_cmd_profile)
+
     p = sub.add_parser("tune", help="search the expert templates' knobs; write tuning records")
     p.add_argument("model", help="path to the .onnx model")
     p.add_argument("-o", "--output", required=True, help="records file to write (JSON)")
@@ -164,10 +183,35 @@ def _cmd_compile(args) -> int:
     start = time.perf_counter()
     model = hybrid_compile(args.model, args.target, tuning_records=args.tuning_records,
                            input_shapes=_input_shapes(args.input_shapes),
-                           precision=args.precision)
+                           precision=args.precision, cache_dir=args.cache_dir)
     path = model.export(args.output)
     print(f"compiled {args.model} for {model.target.attrs.get('mcpu')} in "
           f"{time.perf_counter() - start:.1f} s -> {path}")
+    return 0
+
+
+def _cmd_profile(args) -> int:
+    from .compiler import compile as hybrid_compile
+
+    model = hybrid_compile(args.model, args.target, tuning_records=args.tuning_records,
+                           input_shapes=_input_shapes(args.input_shapes),
+                           precision=args.precision, cache_dir=args.cache_dir)
+    if args.inputs:
+        feeds = _read_npz(args.inputs)
+        missing = [spec.name for spec in model.inputs if spec.name not in feeds]
+        if missing:
+            raise TVMHybridError(f"{args.inputs} lacks input(s) {missing}; it has {sorted(feeds)}")
+    else:
+        feeds = _random_inputs(model.inputs, "--inputs")
+    report = model.profile(**{spec.name: feeds[spec.name] for spec in model.inputs},
+                           repeat=args.repeat)
+    print(report)
+    if args.html:
+        report.to_html(args.html)
+        print(f"wrote {args.html}")
+    if args.json:
+        Path(args.json).write_text(report.to_json())
+        print(f"wrote {args.json}")
     return 0
 
 

@@ -44,6 +44,8 @@ class CompiledModel:
         self.lowered = lowered
         self._local = threading.local()
         self._checked = False
+        self._kernel_source = None  # (KernelRecorder, node labels), set by compile()
+        self._kernels = None
 
     # --- running -------------------------------------------------------------------------
 
@@ -177,9 +179,38 @@ class CompiledModel:
         libs = [m for m in (root, *root.imports) if m.kind == "llvm"]
         return "\n".join(lib.inspect_source(kind) for lib in libs)
 
+    @property
+    def kernels(self) -> dict:
+        """``{kernel name: KernelInfo}``: each kernel's ONNX nodes, schedule (template,
+        fallback or stock) and why, FLOPs (``kernel_info.py``). Loaded models have it from
+        their sidecar."""
+        if self._kernels is None:
+            from .kernel_info import describe_kernels
+
+            if self.lowered is None:
+                return {}
+            recorder, labels = self._kernel_source or (None, [])
+            self._kernels = describe_kernels(self.lowered, recorder, labels, self.target)
+        return self._kernels
+
+    def profile(self, *arrays, repeat: int = 10, **named):
+        """Per-kernel profile of one run on these inputs (``profile.py``).
+
+        Returns
+        -------
+        ProfileReport
+            A table per kernel (nodes, schedule, calls, time, share, GFLOP/s and % of peak)
+            and a summary; ``str()`` prints it, ``to_html(path)`` writes a bar chart.
+        """
+        from .profile import profile_model
+
+        return profile_model(self, self._bind(arrays, named), repeat=repeat)
+
     def kernel_names(self) -> list[str]:
         """Names of the TIR kernels (one per fused group) the model runs."""
         if self.lowered is None:
+            if self._kernels:
+                return sorted(self._kernels)
             raise CompileError("kernel names are only kept for models compiled in this process")
         return sorted(
             gv.name_hint
@@ -205,7 +236,9 @@ class CompiledModel:
             raise CompileError(f"could not export {path}: {err}") from None
         from .compiler import model_metadata
 
-        write_sidecar(path, model_metadata(self.target, self.inputs))
+        metadata = model_metadata(self.target, self.inputs)
+        metadata["kernels"] = [info.as_dict() for info in self.kernels.values()]
+        write_sidecar(path, metadata)
         return path
 
 
@@ -233,6 +266,12 @@ def load(path: str | os.PathLike) -> CompiledModel:
                              f"({_first_line(err)})") from None
     model = CompiledModel(lib, target, inputs)
     model._checked = True
+    try:
+        from .kernel_info import KernelInfo
+
+        model._kernels = {k["name"]: KernelInfo(**k) for k in meta.get("kernels", [])}
+    except (TypeError, KeyError):
+        model._kernels = {}  # descriptive only: a sidecar without it still loads
     return model
 
 

@@ -14,11 +14,19 @@ from tvm import relax
 from tvm.s_tir import meta_schedule as ms
 
 from .artifact import embed_metadata
+from .compile_cache import (
+    CACHE_VARIABLE,
+    DEFAULT_MAX_BYTES,
+    cache_key,
+    cached_compile,
+    model_bytes,
+)
 from .compile_lock import COMPILER_LOCK
 from .compiled_model import CompiledModel
 from .errors import CompileError, OptionError, TargetError, TuningRecordsError
 from .frontend import import_model
 from .host import make_target, target_to_dict
+from .kernel_info import KernelRecorder
 from .microkernels import bf16_microkernels
 from .pipeline import PRECISIONS, hybrid_pipeline
 
@@ -36,6 +44,8 @@ def compile(  # noqa: A001 - the public name mirrors tvm.compile
     input_shapes: dict[str, tuple] | None = None,
     pipeline: str = "hybrid",
     precision: str = "fp32",
+    cache_dir: str | os.PathLike | None = None,
+    cache_max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> CompiledModel:
     """Compile a model for an x86 CPU.
 
@@ -58,6 +68,12 @@ def compile(  # noqa: A001 - the public name mirrors tvm.compile
         Static shapes for ONNX inputs with dynamic dimensions, by input name.
     pipeline
         ``"hybrid"`` (default) or ``"stock"`` (TVM's default pipeline, for comparison).
+    cache_dir
+        A directory to keep compiled models in (``compile_cache.py``; default: the
+        ``TVM_HYBRID_CACHE_DIR`` environment variable, else no cache). A later compile of the
+        same ONNX model, shapes, target, precision, records and versions loads the stored one.
+    cache_max_bytes
+        The cache's size bound (least recently used entries go first).
     precision
         ``"fp32"`` (default) or ``"bf16"``: GEMMs with constant weights compute in bf16 with
         fp32 accumulation (like OpenVINO's inference precision hint); inputs and outputs stay
@@ -73,8 +89,18 @@ def compile(  # noqa: A001 - the public name mirrors tvm.compile
         raise OptionError(f"pipeline must be one of {PIPELINES}, got {pipeline!r}")
     tgt = make_target(target)
     check_precision(precision, tgt)
-    with COMPILER_LOCK:
-        return _compile(model, tgt, params, tuning_records, input_shapes, pipeline, precision)
+    cache_dir = cache_dir if cache_dir is not None else os.environ.get(CACHE_VARIABLE) or None
+    key_bytes = model_bytes(model) if cache_dir and not params else None
+
+    def build() -> CompiledModel:
+        with COMPILER_LOCK:
+            return _compile(model, tgt, params, tuning_records, input_shapes, pipeline,
+                            precision)
+
+    if key_bytes is None:
+        return build()
+    key = cache_key(key_bytes, tgt, input_shapes, precision, pipeline, tuning_records)
+    return cached_compile(build, model, cache_dir, key, cache_max_bytes)
 
 
 def _compile(model, tgt, params, tuning_records, input_shapes, pipeline, precision):
@@ -86,7 +112,8 @@ def _compile(model, tgt, params, tuning_records, input_shapes, pipeline, precisi
         imported.inputs = [spec for spec in imported.inputs if spec.name not in bound]
     database = _load_records(tuning_records, tgt) if tuning_records is not None else None
     mod = embed_metadata(mod, model_metadata(tgt, imported.inputs))
-    relax_pipeline = (hybrid_pipeline(tgt, precision) if pipeline == "hybrid"
+    recorder = KernelRecorder()
+    relax_pipeline = (hybrid_pipeline(tgt, precision, recorder) if pipeline == "hybrid"
                       else relax.get_pipeline("default"))
     try:
         with warnings.catch_warnings(), tgt:
@@ -100,7 +127,9 @@ def _compile(model, tgt, params, tuning_records, input_shapes, pipeline, precisi
     except Exception as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CompileError(f"TVM failed to compile {imported.source}: {first}") from None
-    return CompiledModel(executable, tgt, imported.inputs, lowered=lowered)
+    model = CompiledModel(executable, tgt, imported.inputs, lowered=lowered)
+    model._kernel_source = (recorder, imported.node_labels)
+    return model
 
 
 def model_metadata(target: tvm.target.Target, inputs) -> dict:

@@ -23,6 +23,7 @@ import onnx.inliner
 import tvm
 from tvm import relax
 
+from .attribution import name_bindings, node_labels, record_nodes
 from .errors import ModelLoadError, UnsupportedModelError
 from .qlinear_import import decompose_qlinear_matmul
 
@@ -43,6 +44,9 @@ class ImportedModel:
     mod: tvm.IRModule
     inputs: list[TensorSpec]
     source: str
+    #: ``OpType 'name'`` of each ONNX node, indexed as ``main``'s bindings are named
+    #: (``attribution.py``); empty for Relax modules.
+    node_labels: list[str] = dataclasses.field(default_factory=list)
 
 
 def load_onnx(model: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.ModelProto:
@@ -103,8 +107,10 @@ def import_model(
     from tvm.relax.frontend.onnx import from_onnx
 
     printed = io.StringIO()  # the importer prints "Error converting operator X" on failure
+    records: list = []
     try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(printed):
+        with warnings.catch_warnings(), contextlib.redirect_stdout(printed), \
+                record_nodes(records):
             warnings.simplefilter("ignore")
             mod = from_onnx(proto, shape_dict=shape_dict or None, keep_params_in_input=False)
     except Exception as err:
@@ -117,7 +123,8 @@ def import_model(
                        f"{_first_line(err)})")
         _release_quietly(err)
         raise UnsupportedModelError(message) from None
-    return ImportedModel(mod=mod, inputs=inputs, source=source)
+    return ImportedModel(mod=name_bindings(mod, records), inputs=inputs, source=source,
+                         node_labels=node_labels(records, proto.graph))
 
 
 def _release_quietly(err: BaseException) -> None:

@@ -28,7 +28,8 @@ from .schedules import default_rules
 PRECISIONS = ("fp32", "bf16")
 
 
-def hybrid_pipeline(target: Target | None = None, precision: str = "fp32") -> tvm.transform.Pass:
+def hybrid_pipeline(target: Target | None = None, precision: str = "fp32",
+                    recorder=None) -> tvm.transform.Pass:
     """Build the hybrid pipeline.
 
     Parameters
@@ -39,6 +40,9 @@ def hybrid_pipeline(target: Target | None = None, precision: str = "fp32") -> tv
     precision
         ``"fp32"`` (default), or ``"bf16"``: GEMMs with constant weights compute in bf16 with
         fp32 accumulation (AVX512-BF16), inputs and outputs stay fp32.
+    recorder
+        A :class:`~tvm_hybrid.kernel_info.KernelRecorder` to note what each kernel holds
+        (for the profile report), or None.
 
     Returns
     -------
@@ -51,9 +55,10 @@ def hybrid_pipeline(target: Target | None = None, precision: str = "fp32") -> tv
         tgt = target or Target.current(allow_none=True) or host_target()
         with tgt:
             phases = [
-                *prepare_passes(tgt, precision),
+                *prepare_passes(tgt, precision, recorder),
                 # Phase 4: schedule TIR: tuning records first, then expert templates, then the
                 # parallel+vectorize fallback; anything left keeps stock lowering.
+                *([recorder.snapshot()] if recorder is not None else []),
                 *_apply_records(),
                 dlight.ApplyDefaultSchedule(*default_rules()),
                 # Phase 5: lower dataflow, plan memory statically, and finalise for the VM.
@@ -65,7 +70,8 @@ def hybrid_pipeline(target: Target | None = None, precision: str = "fp32") -> tv
     return _pipeline
 
 
-def prepare_passes(target: Target, precision: str = "fp32") -> list[tvm.transform.Pass]:
+def prepare_passes(target: Target, precision: str = "fp32",
+                   recorder=None) -> list[tvm.transform.Pass]:
     """Phases 1-3: the passes before TIR scheduling.
 
     Their output's PrimFuncs are what the schedule rules see, hence the tuning tasks
@@ -81,18 +87,28 @@ def prepare_passes(target: Target, precision: str = "fp32") -> list[tvm.transfor
         # Gathers and scatters check their run-time indices (after folding: static extents).
         CheckIndices(),
         # Phase 2: graph passes (fusion patterns, weight prepacking, quantization).
-        *graph_passes(target, precision),
+        *graph_passes(target, precision, recorder),
         # Phase 3: legalize to TIR and fuse producer/consumer chains into one kernel each.
         *cpu_generic.library_dispatch_passes(target),
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
-        relax.transform.FuseOps(),
+        *_noted(recorder, relax.transform.FuseOps()),
         relax.transform.FuseTIR(),
+        *([recorder.record_kernels()] if recorder is not None else []),
     ]
 
 
-def graph_passes(target: Target, precision: str = "fp32") -> list[tvm.transform.Pass]:
+def _noted(recorder, fusion: tvm.transform.Pass) -> list[tvm.transform.Pass]:
+    """``fusion`` between the recorder's passes that follow ONNX nodes through it (the profile
+    report's record of which nodes each kernel computes)."""
+    if recorder is None:
+        return [fusion]
+    return [recorder.before_fusion(), fusion, recorder.after_fusion()]
+
+
+def graph_passes(target: Target, precision: str = "fp32",
+                 recorder=None) -> list[tvm.transform.Pass]:
     """Relax-level rewrites run before legalization.
 
     Integer matmuls with constant 8-bit weights become u8 x s8 VNNI GEMMs, constant fp32
@@ -103,7 +119,7 @@ def graph_passes(target: Target, precision: str = "fp32") -> list[tvm.transform.
         IntegerGemmToVNNI(target),
         PrepackBF16(target, convert_fp32=precision == "bf16"),
         PrepackConstantWeights(target),
-        FuseGemmEpilogues(),
+        *_noted(recorder, FuseGemmEpilogues()),
         FastMath(),
     ]
 
