@@ -2,14 +2,13 @@
 
 TVM 0.27's Relax VM has no profiler in this build, so :func:`profile_model` instruments the VM
 itself: one run with an instrument hook (``VirtualMachine.set_instrument``) records every kernel
-call and a copy of its arguments, then each recorded call is timed alone with TVM's
-``time_evaluator`` (C++ timers) on those arguments. Per kernel the report gives its ONNX nodes,
+call and a copy of its arguments, then the recorded calls are replayed in the run's order, each
+timed with TVM's ``time_evaluator`` (C++ timers, one call per timing), and each kernel's time is
+the median over the replays. Per kernel the report gives its ONNX nodes,
 how it was scheduled (expert template, fallback rule or stock lowering) and why, calls, total
 and mean time, share of the model's measured latency, and for GEMM-like kernels GFLOP/s and %
 of the machine's measured peak of their number kind (``peak.py``). What the kernels do not
-account for (the VM's dispatch and allocation, and kernels running slower in the model than
-alone, with colder caches) is shown as its own line: on the benchmark models the kernels added
-up to 88-99% of the measured latency.
+account for (the VM's dispatch and allocation) is shown as its own line.
 """
 
 from __future__ import annotations
@@ -176,19 +175,26 @@ def profile_model(model, arrays: list[np.ndarray], repeat: int = 10) -> ProfileR
     vm = relax.VirtualMachine(model.executable, tvm.cpu())
     vm.set_instrument(instrument)
     vm["main"](*args)
-    totals: dict[str, list] = {}
-    for name, call_args in calls:
-        timer = owner(name).time_evaluator(name, tvm.cpu(), number=1, repeat=repeat,
-                                           min_repeat_ms=1)
-        seconds = float(np.median(timer(*call_args).results))
-        totals.setdefault(name, []).append(seconds * 1e3)
+    # Replay the run's calls in order, each timed by TVM (one call per timing), ``repeat``
+    # times: every kernel runs after the one before it, as in the model (caches included).
+    timers = {name: owner(name).time_evaluator(name, tvm.cpu(), number=1, repeat=1)
+              for name, _ in calls}
+    rounds: list[dict[str, float]] = []
+    for _ in range(repeat):
+        spent: dict[str, float] = {}
+        for name, call_args in calls:
+            spent[name] = spent.get(name, 0.0) + timers[name](*call_args).mean * 1e3
+        rounds.append(spent)
+    counts: dict[str, int] = {}
+    for name, _ in calls:
+        counts[name] = counts.get(name, 0) + 1
     kernels, peaks = [], {}
-    for name, times in totals.items():
+    for name, calls_of in counts.items():
         info = infos.get(name) or KernelInfo(name, [], "unknown", "")
-        total = float(sum(times))
-        line = KernelTime(info, len(times), total, total / model_ms)
+        total = float(np.median([spent[name] for spent in rounds]))
+        line = KernelTime(info, calls_of, total, total / model_ms)
         if info.flops:
-            line.gflops = info.flops * len(times) / total / 1e6
+            line.gflops = info.flops * calls_of / total / 1e6
             peak = _peak_gops(info.kind)
             if peak:
                 peaks[info.kind] = peak
