@@ -461,75 +461,70 @@ def _grouped_desc(mr: int, nr: int, kc: int, a_dtype: str, b_dtype: str, acc: st
     return desc_one_row if mr == 1 else desc
 
 
-def _vnni_tile_functions(mr: int, nr: int, kc: int, lanes: int, vector_bits: int):
-    """``C[mr, nr] (s32) += A[mr, kc] (u8) * B[kc / 4, nr, 4] (s8)`` with ``vpdpbusd``."""
-    if kc % 4:
-        raise ValueError(f"the VNNI microkernel needs K % 4 == 0, got K = {kc}")
+def _grouped_impl(mr: int, nr: int, kc: int, a_dtype: str, b_dtype: str, acc: str,
+                  group: int, lanes: int, update, annotations=None):
+    """The implementation of a tile whose ``B`` is packed with ``group`` consecutive ``k``
+    (matching :func:`_grouped_desc`): per group of ``k``, row and vector of ``lanes``
+    accumulators, ``C = update(C, A, B, i, g, v)``, where ``update`` returns the vector
+    expression of one ISA's instructions."""
+    rows = kc // group
     vectors = nr // lanes
-    groups = kc // 4
-    byte_lanes = lanes * 4
-    intrinsic = f"llvm.x86.avx512.vpdpbusd.{vector_bits}"
 
     @T.prim_func(s_tir=True)
     def impl(a: T.handle, b: T.handle, c: T.handle):
         lda = T.int32()
         ldb = T.int32()
         ldc = T.int32()
-        A = T.match_buffer(a, (mr, kc), "uint8", offset_factor=1, strides=[lda, 1])
-        B = T.match_buffer(b, (groups, nr, 4), "int8", offset_factor=1, strides=[ldb, 4, 1])
-        C = T.match_buffer(c, (mr, nr), "int32", offset_factor=1, strides=[ldc, 1],
-                           scope="local")
+        A = T.match_buffer(a, (mr, kc), a_dtype, offset_factor=1, strides=[lda, 1])
+        B = T.match_buffer(b, (rows, nr, group), b_dtype, offset_factor=1,
+                           strides=[ldb, group, 1])
+        C = T.match_buffer(c, (mr, nr), acc, offset_factor=1, strides=[ldc, 1], scope="local")
         with T.sblock("root"):
-            T.reads(C[0:mr, 0:nr], A[0:mr, 0:kc], B[0:groups, 0:nr, 0:4])
+            T.reads(C[0:mr, 0:nr], A[0:mr, 0:kc], B[0:rows, 0:nr, 0:group])
             T.writes(C[0:mr, 0:nr])
-            for g in T.serial(groups):
+            for g in T.serial(rows, annotations=annotations):
                 for i in T.unroll(mr):
                     for v in T.unroll(vectors):
-                        C[i, T.ramp(v * lanes, 1, lanes)] = T.call_llvm_pure_intrin(
-                            T.llvm_lookup_intrinsic_id(intrinsic),
-                            C[i, T.ramp(v * lanes, 1, lanes)],
-                            T.reinterpret(
-                                T.broadcast(
-                                    T.reinterpret(A.vload([i, g * 4], "uint8x4"), dtype="int32"),
-                                    lanes),
-                                dtype=f"int8x{byte_lanes}"),
-                            B.vload([g, v * lanes, 0], f"int8x{byte_lanes}"),
-                            dtype=f"int32x{lanes}")
+                        C[i, T.ramp(v * lanes, 1, lanes)] = update(
+                            C[i, T.ramp(v * lanes, 1, lanes)], A, B, i, g, v)
 
-    return _grouped_desc(mr, nr, kc, "uint8", "int8", "int32", 4), impl
+    return impl
+
+
+def _vnni_tile_functions(mr: int, nr: int, kc: int, lanes: int, vector_bits: int):
+    """``C[mr, nr] (s32) += A[mr, kc] (u8) * B[kc / 4, nr, 4] (s8)`` with ``vpdpbusd``."""
+    if kc % 4:
+        raise ValueError(f"the VNNI microkernel needs K % 4 == 0, got K = {kc}")
+    byte_lanes = lanes * 4
+    intrinsic = f"llvm.x86.avx512.vpdpbusd.{vector_bits}"
+
+    def update(acc, A, B, i, g, v):
+        a_bytes = T.reinterpret(T.broadcast(T.reinterpret(A.vload([i, g * 4], "uint8x4"),
+                                                          dtype="int32"), lanes),
+                                dtype=f"int8x{byte_lanes}")
+        return T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id(intrinsic), acc, a_bytes,
+                                       B.vload([g, v * lanes, 0], f"int8x{byte_lanes}"),
+                                       dtype=f"int32x{lanes}")
+
+    return (_grouped_desc(mr, nr, kc, "uint8", "int8", "int32", 4),
+            _grouped_impl(mr, nr, kc, "uint8", "int8", "int32", 4, lanes, update))
 
 
 def _bf16_tile_functions(mr: int, nr: int, kc: int, lanes: int):
     """``C[mr, nr] (f32) += A[mr, kc] (bf16) * B[kc / 2, nr, 2] (bf16)`` with ``vdpbf16ps``."""
     if kc % 2:
         raise ValueError(f"the bf16 microkernel needs an even K, got K = {kc}")
-    vectors = nr // lanes
-    pairs = kc // 2
 
-    @T.prim_func(s_tir=True)
-    def impl(a: T.handle, b: T.handle, c: T.handle):
-        lda = T.int32()
-        ldb = T.int32()
-        ldc = T.int32()
-        A = T.match_buffer(a, (mr, kc), "bfloat16", offset_factor=1, strides=[lda, 1])
-        B = T.match_buffer(b, (pairs, nr, 2), "bfloat16", offset_factor=1, strides=[ldb, 2, 1])
-        C = T.match_buffer(c, (mr, nr), "float32", offset_factor=1, strides=[ldc, 1],
-                           scope="local")
-        with T.sblock("root"):
-            T.reads(C[0:mr, 0:nr], A[0:mr, 0:kc], B[0:pairs, 0:nr, 0:2])
-            T.writes(C[0:mr, 0:nr])
-            for g in T.serial(pairs, annotations={"pragma_import_llvm": _DPBF16PS_IR}):
-                for i in T.unroll(mr):
-                    for v in T.unroll(vectors):
-                        C[i, T.ramp(v * lanes, 1, lanes)] = T.call_extern(
-                            f"float32x{lanes}", "hybrid_dpbf16ps_512",
-                            C[i, T.ramp(v * lanes, 1, lanes)],
-                            T.broadcast(T.reinterpret(A.vload([i, g * 2], "bfloat16x2"),
-                                                      dtype="int32"), lanes),
-                            T.reinterpret(B.vload([g, v * lanes, 0], f"bfloat16x{2 * lanes}"),
-                                          dtype=f"int32x{lanes}"))
+    def update(acc, A, B, i, g, v):
+        return T.call_extern(
+            f"float32x{lanes}", "hybrid_dpbf16ps_512", acc,
+            T.broadcast(T.reinterpret(A.vload([i, g * 2], "bfloat16x2"), dtype="int32"), lanes),
+            T.reinterpret(B.vload([g, v * lanes, 0], f"bfloat16x{2 * lanes}"),
+                          dtype=f"int32x{lanes}"))
 
-    return _grouped_desc(mr, nr, kc, "bfloat16", "bfloat16", "float32", 2), impl
+    return (_grouped_desc(mr, nr, kc, "bfloat16", "bfloat16", "float32", 2),
+            _grouped_impl(mr, nr, kc, "bfloat16", "bfloat16", "float32", 2, lanes, update,
+                          {"pragma_import_llvm": _DPBF16PS_IR}))
 
 
 def _bf16_widening_tile_functions(mr: int, nr: int, kc: int, lanes: int):
@@ -540,10 +535,7 @@ def _bf16_widening_tile_functions(mr: int, nr: int, kc: int, lanes: int):
     """
     if kc % 2:
         raise ValueError(f"the bf16 microkernel needs an even K, got K = {kc}")
-    vectors = nr // lanes
-    pairs = kc // 2
     f32 = f"float32x{lanes}"
-    i32 = f"int32x{lanes}"
 
     def even(word):
         return T.reinterpret(T.shift_left(word, T.broadcast(T.int32(16), lanes)), dtype=f32)
@@ -551,33 +543,14 @@ def _bf16_widening_tile_functions(mr: int, nr: int, kc: int, lanes: int):
     def odd(word):
         return T.reinterpret(T.bitwise_and(word, T.broadcast(T.int32(-65536), lanes)), dtype=f32)
 
-    @T.prim_func(s_tir=True)
-    def impl(a: T.handle, b: T.handle, c: T.handle):
-        lda = T.int32()
-        ldb = T.int32()
-        ldc = T.int32()
-        A = T.match_buffer(a, (mr, kc), "bfloat16", offset_factor=1, strides=[lda, 1])
-        B = T.match_buffer(b, (pairs, nr, 2), "bfloat16", offset_factor=1, strides=[ldb, 2, 1])
-        C = T.match_buffer(c, (mr, nr), "float32", offset_factor=1, strides=[ldc, 1],
-                           scope="local")
-        with T.sblock("root"):
-            T.reads(C[0:mr, 0:nr], A[0:mr, 0:kc], B[0:pairs, 0:nr, 0:2])
-            T.writes(C[0:mr, 0:nr])
-            for g in T.serial(pairs):
-                for i in T.unroll(mr):
-                    for v in T.unroll(vectors):
-                        C[i, T.ramp(v * lanes, 1, lanes)] = (
-                            C[i, T.ramp(v * lanes, 1, lanes)]
-                            + even(T.broadcast(T.reinterpret(A.vload([i, g * 2], "bfloat16x2"),
-                                                             dtype="int32"), lanes))
-                            * even(T.reinterpret(B.vload([g, v * lanes, 0],
-                                                         f"bfloat16x{2 * lanes}"), dtype=i32))
-                            + odd(T.broadcast(T.reinterpret(A.vload([i, g * 2], "bfloat16x2"),
-                                                            dtype="int32"), lanes))
-                            * odd(T.reinterpret(B.vload([g, v * lanes, 0],
-                                                        f"bfloat16x{2 * lanes}"), dtype=i32)))
+    def update(acc, A, B, i, g, v):
+        a = T.broadcast(T.reinterpret(A.vload([i, g * 2], "bfloat16x2"), dtype="int32"), lanes)
+        b = T.reinterpret(B.vload([g, v * lanes, 0], f"bfloat16x{2 * lanes}"),
+                          dtype=f"int32x{lanes}")
+        return acc + even(a) * even(b) + odd(a) * odd(b)
 
-    return _grouped_desc(mr, nr, kc, "bfloat16", "bfloat16", "float32", 2), impl
+    return (_grouped_desc(mr, nr, kc, "bfloat16", "bfloat16", "float32", 2),
+            _grouped_impl(mr, nr, kc, "bfloat16", "bfloat16", "float32", 2, lanes, update))
 
 
 def _amx_block_functions(in_dtype: str, mb: int, nb: int, kc: int):
@@ -672,30 +645,12 @@ def _s16_tile_functions(mr: int, nr: int, kc: int):
     """
     if kc % 2 or nr % 8:
         raise ValueError(f"the s16 tile needs an even K and nr % 8 == 0; got {kc}, {nr}")
-    pairs = kc // 2
-    vectors = nr // 8
 
-    @T.prim_func(s_tir=True)
-    def impl(a: T.handle, b: T.handle, c: T.handle):
-        lda = T.int32()
-        ldb = T.int32()
-        ldc = T.int32()
-        A = T.match_buffer(a, (mr, kc), "int16", offset_factor=1, strides=[lda, 1])
-        B = T.match_buffer(b, (pairs, nr, 2), "int16", offset_factor=1, strides=[ldb, 2, 1])
-        C = T.match_buffer(c, (mr, nr), "int32", offset_factor=1, strides=[ldc, 1],
-                           scope="local")
-        with T.sblock("root"):
-            T.reads(C[0:mr, 0:nr], A[0:mr, 0:kc], B[0:pairs, 0:nr, 0:2])
-            T.writes(C[0:mr, 0:nr])
-            for g in T.serial(pairs):
-                for i in T.unroll(mr):
-                    for v in T.unroll(vectors):
-                        C[i, T.ramp(v * 8, 1, 8)] = C[i, T.ramp(v * 8, 1, 8)] + \
-                            T.call_llvm_pure_intrin(
-                                "int32x8", "llvm.x86.avx2.pmadd.wd",
-                                T.reinterpret(T.broadcast(T.reinterpret(
-                                    A.vload([i, g * 2], "int16x2"), dtype="int32"), 8),
-                                    dtype="int16x16"),
-                                B.vload([g, v * 8, 0], "int16x16"))
+    def update(acc, A, B, i, g, v):
+        a = T.reinterpret(T.broadcast(T.reinterpret(A.vload([i, g * 2], "int16x2"),
+                                                    dtype="int32"), 8), dtype="int16x16")
+        return acc + T.call_llvm_pure_intrin("int32x8", "llvm.x86.avx2.pmadd.wd", a,
+                                             B.vload([g, v * 8, 0], "int16x16"))
 
-    return _grouped_desc(mr, nr, kc, "int16", "int16", "int32", 2), impl
+    return (_grouped_desc(mr, nr, kc, "int16", "int16", "int32", 2),
+            _grouped_impl(mr, nr, kc, "int16", "int16", "int32", 2, 8, update))
