@@ -196,15 +196,7 @@ def _cmd_profile(args) -> int:
     model = hybrid_compile(args.model, args.target, tuning_records=args.tuning_records,
                            input_shapes=_input_shapes(args.input_shapes),
                            precision=args.precision, cache_dir=args.cache_dir)
-    if args.inputs:
-        feeds = _read_npz(args.inputs)
-        missing = [spec.name for spec in model.inputs if spec.name not in feeds]
-        if missing:
-            raise TVMHybridError(f"{args.inputs} lacks input(s) {missing}; it has {sorted(feeds)}")
-    else:
-        feeds = _random_inputs(model.inputs, "--inputs")
-    report = model.profile(**{spec.name: feeds[spec.name] for spec in model.inputs},
-                           repeat=args.repeat)
+    report = model.profile(**_feeds(model.inputs, args.inputs), repeat=args.repeat)
     print(report)
     if args.html:
         report.to_html(args.html)
@@ -251,15 +243,7 @@ def _cmd_run(args) -> int:
     from .compiled_model import load
 
     model = load(args.model)
-    if args.inputs:
-        feeds = _read_npz(args.inputs)
-        arrays = {spec.name: feeds.get(spec.name) for spec in model.inputs}
-        missing = [n for n, a in arrays.items() if a is None]
-        if missing:
-            raise TVMHybridError(f"{args.inputs} lacks input(s) {missing}; it has {sorted(feeds)}")
-    else:
-        arrays = _random_inputs(model.inputs, "--inputs")
-        print("no --inputs given: using random inputs (seed 0)")
+    arrays = _feeds(model.inputs, args.inputs)
     outputs = model(**arrays)
     outputs = outputs if isinstance(outputs, tuple) else (outputs,)
     for n, out in enumerate(outputs):
@@ -288,6 +272,18 @@ def _outputs_path(text: str) -> Path:
     if not path.parent.is_dir():
         raise TVMHybridError(f"-o {text}: directory {path.parent} does not exist")
     return path if path.suffix == ".npz" else path.with_name(path.name + ".npz")
+
+
+def _feeds(specs, inputs: str | None) -> dict[str, np.ndarray]:
+    """One array per model input: from the ``--inputs`` .npz, else random (seed 0)."""
+    if not inputs:
+        print("no --inputs given: using random inputs (seed 0)")
+        return _random_inputs(specs, "--inputs")
+    feeds = _read_npz(inputs)
+    missing = [spec.name for spec in specs if spec.name not in feeds]
+    if missing:
+        raise TVMHybridError(f"{inputs} lacks input(s) {missing}; it has {sorted(feeds)}")
+    return {spec.name: feeds[spec.name] for spec in specs}
 
 
 def _random_inputs(specs, flag: str) -> dict[str, np.ndarray]:

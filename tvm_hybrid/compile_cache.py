@@ -89,7 +89,7 @@ def model_bytes(model) -> bytes | None:
     return None
 
 
-def cached_compile(compile_fn, model, cache_dir, key: str, max_bytes: int):
+def cached_compile(compile_fn, cache_dir, key: str, max_bytes: int):
     """Load the entry ``key`` of ``cache_dir``, or compile with ``compile_fn()`` and store it."""
     from .compiled_model import load
 

@@ -14,7 +14,7 @@ from tvm import relax
 from tvm.target import Target
 
 from .artifact import read_checked, write_sidecar
-from .errors import CompileError, InputError, ModelLoadError, OptionError
+from .errors import CompileError, InputError, ModelLoadError, OptionError, first_line
 from .frontend import TensorSpec
 from .host import check_runnable_here
 from .passes.check_indices import INDEX_ERROR
@@ -35,17 +35,23 @@ class CompiledModel:
         The model's inputs, in call order.
     lowered
         The IRModule after the Relax pipeline (the TIR kernels), when compiled in this process.
+    kernel_source, kernels
+        What :attr:`kernels` is derived from (``compile``), or the kernels themselves
+        (``load``, from the sidecar).
+    checked
+        Whether this CPU is already known to run the code.
     """
 
-    def __init__(self, executable, target: Target, inputs: list[TensorSpec], lowered=None):
+    def __init__(self, executable, target: Target, inputs: list[TensorSpec], lowered=None, *,
+                 kernel_source=None, kernels: dict | None = None, checked: bool = False):
         self.executable = executable
         self.target = target
         self.inputs = list(inputs)
         self.lowered = lowered
         self._local = threading.local()
-        self._checked = False
-        self._kernel_source = None  # (KernelRecorder, node labels), set by compile()
-        self._kernels = None
+        self._checked = checked  # check_runnable_here already passed (load() does it)
+        self._kernel_source = kernel_source  # (KernelRecorder, node labels), from compile()
+        self._kernels = kernels
 
     # --- running -------------------------------------------------------------------------
 
@@ -263,16 +269,14 @@ def load(path: str | os.PathLike) -> CompiledModel:
         relax.VirtualMachine(lib, tvm.cpu())  # a Relax executable, not some other TVM module
     except Exception as err:
         raise ModelLoadError(f"{path} is not a loadable tvm_hybrid model "
-                             f"({_first_line(err)})") from None
-    model = CompiledModel(lib, target, inputs)
-    model._checked = True
-    try:
-        from .kernel_info import KernelInfo
+                             f"({first_line(err)})") from None
+    from .kernel_info import KernelInfo
 
-        model._kernels = {k["name"]: KernelInfo(**k) for k in meta.get("kernels", [])}
+    try:
+        kernels = {k["name"]: KernelInfo(**k) for k in meta.get("kernels", [])}
     except (TypeError, KeyError):
-        model._kernels = {}  # descriptive only: a sidecar without it still loads
-    return model
+        kernels = {}  # descriptive only: a sidecar without it still loads
+    return CompiledModel(lib, target, inputs, kernels=kernels, checked=True)
 
 
 def summarize_times(times_ms) -> dict:
@@ -302,11 +306,6 @@ def _check_input(spec: TensorSpec, array: np.ndarray) -> np.ndarray:
             f"{tuple(array.shape)}"
         )
     return array
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
 
 
 def _show_shape(shape: tuple) -> str:

@@ -23,7 +23,7 @@ from .compile_cache import (
 )
 from .compile_lock import COMPILER_LOCK
 from .compiled_model import CompiledModel
-from .errors import CompileError, OptionError, TargetError, TuningRecordsError
+from .errors import CompileError, OptionError, TargetError, TuningRecordsError, first_line
 from .frontend import import_model
 from .host import make_target, target_to_dict
 from .kernel_info import KernelRecorder
@@ -100,7 +100,7 @@ def compile(  # noqa: A001 - the public name mirrors tvm.compile
     if key_bytes is None:
         return build()
     key = cache_key(key_bytes, tgt, input_shapes, precision, pipeline, tuning_records)
-    return cached_compile(build, model, cache_dir, key, cache_max_bytes)
+    return cached_compile(build, cache_dir, key, cache_max_bytes)
 
 
 def _compile(model, tgt, params, tuning_records, input_shapes, pipeline, precision):
@@ -125,11 +125,10 @@ def _compile(model, tgt, params, tuning_records, input_shapes, pipeline, precisi
                 lowered = relax_pipeline(mod)
             executable = tvm.compile(lowered, target=tgt, relax_pipeline=None)
     except Exception as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise CompileError(f"TVM failed to compile {imported.source}: {first}") from None
-    model = CompiledModel(executable, tgt, imported.inputs, lowered=lowered)
-    model._kernel_source = (recorder, imported.node_labels)
-    return model
+        raise CompileError(f"TVM failed to compile {imported.source}: {first_line(err)}") \
+            from None
+    return CompiledModel(executable, tgt, imported.inputs, lowered=lowered,
+                         kernel_source=(recorder, imported.node_labels))
 
 
 def model_metadata(target: tvm.target.Target, inputs) -> dict:

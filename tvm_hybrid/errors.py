@@ -8,6 +8,13 @@ problem, instead of a traceback from deep inside TVM.
 from __future__ import annotations
 
 
+def first_line(err: BaseException) -> str:
+    """The first line of ``err``'s message (its type name if it has none): TVM's errors run to
+    pages of C++ context, the user needs the line that says what failed."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
 class TVMHybridError(Exception):
     """Base class of every error tvm_hybrid raises on purpose."""
 

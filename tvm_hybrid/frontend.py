@@ -24,7 +24,7 @@ import tvm
 from tvm import relax
 
 from .attribution import name_bindings, node_labels, record_nodes
-from .errors import ModelLoadError, UnsupportedModelError
+from .errors import ModelLoadError, UnsupportedModelError, first_line
 from .qlinear_import import decompose_qlinear_matmul
 
 
@@ -115,12 +115,12 @@ def import_model(
             mod = from_onnx(proto, shape_dict=shape_dict or None, keep_params_in_input=False)
     except Exception as err:
         if isinstance(err, tvm.error.OpNotImplemented):
-            message = f"{source}: {_first_line(err)}"
+            message = f"{source}: {first_line(err)}"
         else:
             found = re.search(r"Error converting operator (\w+)", printed.getvalue())
             where = f" at a {found.group(1)} node" if found else ""
             message = (f"{source}: TVM's ONNX importer failed{where} ({type(err).__name__}: "
-                       f"{_first_line(err)})")
+                       f"{first_line(err)})")
         _release_quietly(err)
         raise UnsupportedModelError(message) from None
     return ImportedModel(mod=name_bindings(mod, records), inputs=inputs, source=source,
@@ -238,6 +238,3 @@ def _is_static(shape: tuple) -> bool:
     return all(isinstance(d, (int, np.integer)) and d > 0 for d in shape)
 
 
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__

@@ -161,7 +161,9 @@ def profile_model(model, arrays: list[np.ndarray], repeat: int = 10) -> ProfileR
     args = model._to_device(arrays)
     modules = _kernel_modules(model.executable)
 
+    @cache
     def owner(name: str):
+        """The module holding kernel ``name`` (None for the VM's own functions)."""
         return next((m for m in modules if m.implements_function(name, False)), None)
 
     calls: list[tuple[str, list]] = []

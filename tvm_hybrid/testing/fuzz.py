@@ -107,6 +107,15 @@ def _exact(want: np.ndarray) -> Callable[[np.ndarray], str | None]:
     return check
 
 
+def _float_case(kind: str, name: str, b: _Builder, x: np.ndarray, out: str, width: int) -> Case:
+    """A graph from fp32 input ``x`` to ``out`` ([rows of x, width]), checked against ONNX's
+    reference evaluator."""
+    model = b.model([helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+                    out, TensorProto.FLOAT, [x.shape[0], width])
+    inputs = {"x": x}
+    return Case(kind, name, model, inputs, _close(_reference(model, inputs)))
+
+
 def _fp32_dag(rng: np.random.Generator) -> Case:
     b = _Builder(rng)
     m, width = int(rng.choice(_SIZES)), int(rng.choice(_SIZES[1:]))
@@ -131,11 +140,7 @@ def _fp32_dag(rng: np.random.Generator) -> Case:
             cur = b.op("ReduceMean", cur, axes=[1], keepdims=1)
             width = 1
         ops.append(str(choice))
-    model = b.model([helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, x.shape[1]])],
-                    cur, TensorProto.FLOAT, [m, width])
-    inputs = {"x": x}
-    return Case("fp32_dag", f"{m}x{x.shape[1]} {'-'.join(ops)}", model, inputs,
-                _close(_reference(model, inputs)))
+    return _float_case("fp32_dag", f"{m}x{x.shape[1]} {'-'.join(ops)}", b, x, cur, width)
 
 
 def _gemm_epilogue(rng: np.random.Generator) -> Case:
@@ -155,11 +160,8 @@ def _gemm_epilogue(rng: np.random.Generator) -> Case:
     residual = k == n and bool(rng.integers(2))
     if residual:
         cur = b.op("Add", cur, "x")
-    model = b.model([helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])], cur,
-                    TensorProto.FLOAT, [m, n])
-    inputs = {"x": x}
-    return Case("gemm_epilogue", f"{m}x{n}x{k} {act}{' +x' if residual else ''}", model, inputs,
-                _close(_reference(model, inputs)))
+    return _float_case("gemm_epilogue", f"{m}x{n}x{k} {act}{' +x' if residual else ''}", b, x,
+                       cur, n)
 
 
 def _qdq_gemm(rng: np.random.Generator) -> Case:

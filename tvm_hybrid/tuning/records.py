@@ -22,7 +22,7 @@ import tvm_ffi
 from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 
-from ..errors import TuningRecordsError
+from ..errors import TuningRecordsError, first_line
 from ..heuristics import knobs_from_dict
 from ..host import target_to_dict
 from ..microkernels import ensure_tensor_intrin
@@ -170,8 +170,8 @@ def load_records(path: str | os.PathLike) -> RecordsFile:
     except TuningRecordsError:
         raise
     except Exception as err:  # noqa: BLE001 - TVM's JSON readers raise several kinds
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise TuningRecordsError(f"{path}: unreadable tuning records ({first})") from None
+        raise TuningRecordsError(f"{path}: unreadable tuning records ({first_line(err)})") \
+            from None
     return records
 
 

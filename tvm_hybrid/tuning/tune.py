@@ -24,7 +24,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 
 from ..compile_lock import COMPILER_LOCK
-from ..errors import CompileError, TuningRecordsError, TVMHybridError
+from ..errors import CompileError, TuningRecordsError, TVMHybridError, first_line
 from ..frontend import import_model
 from ..host import make_target
 from ..pipeline import prepare_passes
@@ -93,9 +93,8 @@ def _extract_tasks(model, target, input_shapes, params, others, precision, bind_
     except TVMHybridError:
         raise
     except Exception as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise CompileError(f"TVM failed to prepare {imported.source} for tuning: {first}") \
-            from None
+        raise CompileError(f"TVM failed to prepare {imported.source} for tuning: "
+                           f"{first_line(err)}") from None
     tasks, rest = [], []
     for item in extracted:
         space = TemplateSpace(item.dispatched[0]["main"], target)
