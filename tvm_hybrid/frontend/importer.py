@@ -23,9 +23,11 @@ import onnx.inliner
 import tvm
 from tvm import relax
 
-from .attribution import name_bindings, node_labels, record_nodes
-from .errors import ModelLoadError, UnsupportedModelError, first_line
-from .qlinear_import import decompose_qlinear_matmul
+from ..attribution import name_bindings, node_labels, record_nodes
+from ..errors import ModelLoadError, UnsupportedModelError, first_line
+from .converters import added_converters, convert_map
+from .fold import fold_constants
+from .qlinear import decompose_qlinear_matmul
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,16 +103,17 @@ def import_model(
     if proto.functions:  # model-local functions: inline them, TVM's importer does not
         proto = onnx.inliner.inline_local_functions(proto)
     proto = decompose_qlinear_matmul(proto)
+    inputs = onnx_inputs(proto, input_shapes or {})
+    shape_dict = {spec.name: spec.shape for spec in inputs if is_static(spec.shape)}
+    proto, _ = fold_constants(proto, shape_dict)
     _check_ops_supported(proto, source)
-    inputs = _onnx_inputs(proto, input_shapes or {})
-    shape_dict = {spec.name: spec.shape for spec in inputs if _is_static(spec.shape)}
     from tvm.relax.frontend.onnx import from_onnx
 
     printed = io.StringIO()  # the importer prints "Error converting operator X" on failure
     records: list = []
     try:
         with warnings.catch_warnings(), contextlib.redirect_stdout(printed), \
-                record_nodes(records):
+                record_nodes(records), added_converters():
             warnings.simplefilter("ignore")
             mod = from_onnx(proto, shape_dict=shape_dict or None, keep_params_in_input=False)
     except Exception as err:
@@ -164,9 +167,7 @@ def _check_versions(proto: onnx.ModelProto, source: str) -> None:
 
 
 def _check_ops_supported(proto: onnx.ModelProto, source: str) -> None:
-    from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
-
-    known = set(_get_convert_map()) | {"If", "Constant"}
+    known = set(convert_map()) | {"If", "Constant"}
     standard = {schema.name for schema in onnx.defs.get_all_schemas() if schema.domain == ""}
     missing: dict[str, str] = {}
 
@@ -192,7 +193,8 @@ def _check_ops_supported(proto: onnx.ModelProto, source: str) -> None:
         raise UnsupportedModelError(f"{source}: TVM cannot import these ONNX operators: {listed}")
 
 
-def _onnx_inputs(proto: onnx.ModelProto, overrides: dict[str, tuple]) -> list[TensorSpec]:
+def onnx_inputs(proto: onnx.ModelProto, overrides: dict[str, tuple]) -> list[TensorSpec]:
+    """The graph inputs that are not initializers, with ``overrides`` applied."""
     initializers = {init.name for init in proto.graph.initializer}
     unknown = set(overrides) - {i.name for i in proto.graph.input}
     if unknown:
@@ -234,7 +236,8 @@ def _from_relax(mod: tvm.IRModule) -> ImportedModel:
     return ImportedModel(mod=mod, inputs=specs, source="<relax module>")
 
 
-def _is_static(shape: tuple) -> bool:
+def is_static(shape: tuple) -> bool:
+    """Whether every dimension of ``shape`` is a known positive size."""
     return all(isinstance(d, (int, np.integer)) and d > 0 for d in shape)
 
 

@@ -1,0 +1,233 @@
+"""The front end before and around TVM's importer: shape folding and the LSTM/GRU converters.
+
+Folding is checked structurally (which nodes are left) and numerically (the folded model computes
+what the original does under ONNX Runtime); the recurrent converters are compared with ONNX
+Runtime (layout 1, which it lacks, with onnx's reference evaluator) within 1e-5.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import tvm_hybrid
+from tvm_hybrid.errors import UnsupportedModelError
+from tvm_hybrid.frontend.fold import MAX_FOLDED_ELEMENTS, fold_constants
+
+ort = pytest.importorskip("onnxruntime", reason="the comparisons need onnxruntime (test extra)")
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=14) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+
+
+def _ort(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def _outputs(compiled, feeds) -> list[np.ndarray]:
+    out = compiled(**feeds)
+    return [np.asarray(o) for o in (out if isinstance(out, (list, tuple)) else [out])]
+
+
+def _int64(name, values):
+    return helper.make_tensor(name, TensorProto.INT64, (len(values),), values)
+
+
+def _exported_reshape() -> onnx.ModelProto:
+    """``Reshape(x, Cast(Concat(Slice(Cast(Shape(x))), [-1])))`` as paddle2onnx writes it."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Cast", ["s"], ["s32"], to=TensorProto.INT32),
+        helper.make_node("Slice", ["s32", "zero", "two"], ["head"]),
+        helper.make_node("Cast", ["head"], ["head64"], to=TensorProto.INT64),
+        helper.make_node("Concat", ["head64", "minus_one"], ["target"], axis=0),
+        helper.make_node("Reshape", ["x", "target"], ["flat"]),
+        helper.make_node("Relu", ["flat"], ["y"]),
+    ]
+    inits = [_int64("zero", [0]), _int64("two", [2]), _int64("minus_one", [-1])]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, "h", "w"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    return _model(nodes, [x], [y], inits)
+
+
+def test_shape_arithmetic_folds_to_a_constant_reshape_target():
+    model = _exported_reshape()
+    folded, report = fold_constants(model, {"x": (2, 3, 4, 5)})
+    assert [n.op_type for n in folded.graph.node] == ["Reshape", "Relu"]
+    assert report.shapes == 1 and report.folded == 5
+    target = {i.name: onnx.numpy_helper.to_array(i) for i in folded.graph.initializer}["target"]
+    assert target.tolist() == [2, 3, -1]
+    # the input model is untouched, and folding without known shapes changes nothing
+    assert len(model.graph.node) == 7
+    same, nothing = fold_constants(model, {})
+    assert nothing.folded == 0 and len(same.graph.node) == 7
+
+
+def test_exported_reshape_compiles_and_matches_onnxruntime(rng):
+    """TVM's importer alone rejects it ("Reshape requires the input new shape to be Shape")."""
+    x = rng.standard_normal((2, 3, 4, 5)).astype("float32")
+    compiled = tvm_hybrid.compile(_exported_reshape(), input_shapes={"x": x.shape})
+    (out,) = _outputs(compiled, {"x": x})
+    np.testing.assert_array_equal(out, _ort(_exported_reshape(), {"x": x})[0])
+
+
+def test_range_of_an_input_dimension_folds():
+    """YOLO's anchor grid: ``Range(0, Gather(Shape(x), 2))`` became a fresh symbolic size that
+    FoldConstant could not handle; with the shape known it is a constant."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "two"], ["w"]),
+        helper.make_node("Cast", ["w"], ["wf"], to=TensorProto.FLOAT),
+        helper.make_node("Range", ["zero_f", "wf", "one_f"], ["grid"]),
+        helper.make_node("Add", ["x", "grid"], ["y"]),
+    ]
+    inits = [helper.make_tensor("two", TensorProto.INT64, (), [2]),
+             helper.make_tensor("zero_f", TensorProto.FLOAT, (), [0.0]),
+             helper.make_tensor("one_f", TensorProto.FLOAT, (), [1.0])]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "h", "w"])
+    model = _model(nodes, [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                   inits)
+    folded, _ = fold_constants(model, {"x": (1, 4, 6)})
+    assert [n.op_type for n in folded.graph.node] == ["Add"]
+    feeds = {"x": np.ones((1, 4, 6), "float32")}
+    (out,) = _outputs(tvm_hybrid.compile(model, input_shapes={"x": (1, 4, 6)}), feeds)
+    np.testing.assert_array_equal(out, _ort(model, feeds)[0])
+
+
+def test_if_on_a_known_shape_keeps_only_the_taken_branch():
+    """PyTorch exports ``squeeze(dim)`` as ``If(size(dim) == 1, Squeeze, Identity)``."""
+    then = helper.make_graph([helper.make_node("Squeeze", ["x", "axis"], ["t_out"])], "then", [],
+                             [helper.make_tensor_value_info("t_out", TensorProto.FLOAT, None)])
+    other = helper.make_graph([helper.make_node("Identity", ["x"], ["e_out"])], "else", [],
+                              [helper.make_tensor_value_info("e_out", TensorProto.FLOAT, None)])
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "axis0"], ["d"]),
+        helper.make_node("Equal", ["d", "one"], ["cond"]),
+        helper.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=other),
+    ]
+    inits = [_int64("axis", [0]), helper.make_tensor("axis0", TensorProto.INT64, (), [0]),
+             helper.make_tensor("one", TensorProto.INT64, (), [1])]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])
+    model = _model(nodes, [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                   inits)
+    for n, kept in ((1, ["Squeeze", "Identity"]), (3, ["Identity", "Identity"])):
+        folded, _ = fold_constants(model, {"x": (n, 4)})
+        assert [node.op_type for node in folded.graph.node] == kept
+        feeds = {"x": np.arange(n * 4, dtype="float32").reshape(n, 4)}
+        (out,) = _outputs(tvm_hybrid.compile(model, input_shapes={"x": (n, 4)}), feeds)
+        np.testing.assert_array_equal(out, _ort(model, feeds)[0])
+
+
+def test_quantization_and_large_constants_are_left_to_the_passes():
+    """``DequantizeLinear`` of an int8 weight must reach the int8 passes; a large constant
+    expression stays for TVM's FoldConstant (the ONNX graph does not grow)."""
+    big = MAX_FOLDED_ELEMENTS + 1
+    nodes = [
+        helper.make_node("DequantizeLinear", ["wq", "scale"], ["w"]),
+        helper.make_node("ConstantOfShape", ["big_shape"], ["big"]),
+        helper.make_node("Mul", ["x", "w"], ["xw"]),
+        helper.make_node("ReduceSum", ["big"], ["total"], keepdims=0),
+        helper.make_node("Add", ["xw", "total"], ["y"]),
+    ]
+    inits = [helper.make_tensor("wq", TensorProto.INT8, (4,), [1, -2, 3, -4]),
+             helper.make_tensor("scale", TensorProto.FLOAT, (), [0.5]), _int64("big_shape", [big])]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
+    model = _model(nodes, [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                   inits)
+    folded, report = fold_constants(model, {"x": (4,)})
+    assert report.folded == 0
+    assert [n.op_type for n in folded.graph.node] == [n.op_type for n in nodes]
+
+
+# --- LSTM and GRU ---------------------------------------------------------------------------
+
+
+def _recurrent(op, *, steps=5, batch=3, size=4, hidden=6, direction="forward", layout=0,
+               bias=True, lengths=False, initial=True, peepholes=False, **attrs):
+    directions = 2 if direction == "bidirectional" else 1
+    gates = 4 if op == "LSTM" else 3
+    rng = np.random.default_rng(1)
+
+    def weight(name, shape, scale):
+        value = (rng.standard_normal(shape) * scale).astype("float32")
+        return helper.make_tensor(name, TensorProto.FLOAT, shape, value.ravel())
+
+    inits = [weight("W", (directions, gates * hidden, size), 0.5),
+             weight("R", (directions, gates * hidden, hidden), 0.5)]
+    x_shape = (batch, steps, size) if layout else (steps, batch, size)
+    state_shape = (batch, directions, hidden) if layout else (directions, batch, hidden)
+    inputs = [helper.make_tensor_value_info("X", TensorProto.FLOAT, x_shape)]
+    feeds = {"X": rng.standard_normal(x_shape).astype("float32")}
+    names = ["X", "W", "R", "B" if bias else "", "lens" if lengths else ""]
+    if bias:
+        inits.append(weight("B", (directions, 2 * gates * hidden), 0.3))
+    if lengths:
+        inputs.append(helper.make_tensor_value_info("lens", TensorProto.INT32, (batch,)))
+        feeds["lens"] = rng.integers(1, steps + 1, batch).astype("int32")
+    states = ["h0", "c0"] if op == "LSTM" else ["h0"]
+    for state in states:
+        names.append(state if initial else "")
+        if initial:
+            inputs.append(helper.make_tensor_value_info(state, TensorProto.FLOAT, state_shape))
+            feeds[state] = rng.standard_normal(state_shape).astype("float32")
+    if peepholes:
+        names.append("P")
+        inits.append(weight("P", (directions, 3 * hidden), 0.3))
+    while not names[-1]:
+        names.pop()
+    outs = ["Y", "Y_h", "Y_c"][: 1 + len(states)]
+    if layout:
+        attrs["layout"] = 1
+    node = helper.make_node(op, names, outs, hidden_size=hidden, direction=direction, **attrs)
+    outputs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs]
+    return _model([node], inputs, outputs, inits), feeds
+
+
+RECURRENT_CASES = [
+    dict(op="LSTM"), dict(op="LSTM", direction="reverse"),
+    dict(op="LSTM", direction="bidirectional"), dict(op="LSTM", layout=1),
+    dict(op="LSTM", bias=False, initial=False), dict(op="LSTM", peepholes=True),
+    dict(op="LSTM", clip=0.5), dict(op="LSTM", input_forget=1), dict(op="LSTM", lengths=True),
+    dict(op="LSTM", lengths=True, direction="bidirectional"), dict(op="LSTM", steps=1),
+    dict(op="GRU"), dict(op="GRU", direction="bidirectional"),
+    dict(op="GRU", linear_before_reset=1), dict(op="GRU", lengths=True, direction="reverse"),
+    dict(op="GRU", layout=1, bias=False),
+    dict(op="GRU", activations=["HardSigmoid", "Relu"], activation_alpha=[0.3],
+         activation_beta=[0.4]),
+]
+
+
+@pytest.mark.parametrize("case", RECURRENT_CASES,
+                         ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+def test_recurrent_ops_match_onnxruntime(case):
+    model, feeds = _recurrent(**case)
+    if case.get("layout"):  # ONNX Runtime rejects batch-first recurrences
+        from onnx.reference import ReferenceEvaluator
+
+        expected = ReferenceEvaluator(model).run(None, feeds)
+    else:
+        expected = _ort(model, feeds)
+    got = _outputs(tvm_hybrid.compile(model), feeds)
+    assert len(got) == len(expected)
+    for out, ref in zip(got, expected):
+        assert out.shape == ref.shape
+        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_recurrent_op_with_a_dynamic_sequence_length_names_the_node():
+    model, _ = _recurrent("LSTM")
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "steps"
+    with pytest.raises(UnsupportedModelError, match=r"LSTM node .*static shape.*input_shapes"):
+        tvm_hybrid.compile(model)
+
+
+def test_unknown_recurrent_activation_is_refused_by_name():
+    model, _ = _recurrent("GRU", activations=["Sigmoid", "Elu"])
+    with pytest.raises(UnsupportedModelError, match="'Elu' is not supported"):
+        tvm_hybrid.compile(model)

@@ -1,0 +1,47 @@
+"""Op converters this package adds to TVM's ONNX importer, in one registry.
+
+TVM 0.27's Relax importer looks converters up through ``onnx_frontend._get_convert_map()`` on
+every node; :func:`added_converters` extends that map for the duration of one import.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from tvm.relax.frontend.onnx import onnx_frontend
+
+from .conv_integer import CONVERTERS as CONV_INTEGER_CONVERTERS
+from .rnn import CONVERTERS as RNN_CONVERTERS
+
+#: Op type -> ``OnnxOpConverter`` class, for ops TVM's importer lacks.
+CONVERTERS = {**RNN_CONVERTERS, **CONV_INTEGER_CONVERTERS}
+
+
+def convert_map() -> dict:
+    """TVM's converters with ours added (ours win on a name clash)."""
+    return {**_stock_convert_map(), **CONVERTERS}
+
+
+def _stock_convert_map() -> dict:
+    original = getattr(onnx_frontend._get_convert_map, "__wrapped__",
+                       onnx_frontend._get_convert_map)
+    return original()
+
+
+@contextlib.contextmanager
+def added_converters():
+    """Make TVM's importer use :func:`convert_map` inside the block."""
+    original = onnx_frontend._get_convert_map
+    if getattr(original, "__wrapped__", None) is not None:  # nested or concurrent: already on
+        yield
+        return
+
+    def extended() -> dict:
+        return convert_map()
+
+    extended.__wrapped__ = original
+    onnx_frontend._get_convert_map = extended
+    try:
+        yield
+    finally:
+        onnx_frontend._get_convert_map = original
