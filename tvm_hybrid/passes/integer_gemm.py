@@ -59,11 +59,13 @@ def pack_weight_pairs_s16(weight: np.ndarray, nr: int) -> np.ndarray:
 
 
 def int8_packed_matmul(x: te.Tensor, packed: te.Tensor, compensation: te.Tensor | None,
-                       n: int) -> te.Tensor:
+                       n: int, zero_point: te.Tensor | None = None) -> te.Tensor:
     """``x[..., M, K] @ W (packed in groups of g) - compensation[N]``, in int32.
 
     ``x`` is ``u8`` with ``s8`` weights in groups of 4 (VNNI), or ``s16`` with ``s16`` weights
-    in pairs; ``compensation`` may be None (nothing subtracted).
+    in pairs; ``compensation`` may be None (nothing subtracted). With a run-time
+    ``zero_point`` (a 0-d int32 tensor), ``compensation`` holds ``colsum(W)`` and
+    ``zero_point * colsum(W)`` is subtracted.
     """
     panels, groups, nr, group = (int(d) for d in packed.shape)
     batch = tuple(x.shape[:-1])
@@ -81,16 +83,23 @@ def int8_packed_matmul(x: te.Tensor, packed: te.Tensor, compensation: te.Tensor 
         if panels * nr == n:
             return acc
         return te.compute((*batch, n), lambda *idx: acc[idx], name="unpad")
-    return te.compute((*batch, n), lambda *idx: acc[idx] - compensation[idx[-1]],
+    if zero_point is None:
+        return te.compute((*batch, n), lambda *idx: acc[idx] - compensation[idx[-1]],
+                          name="compensate")
+    return te.compute((*batch, n),
+                      lambda *idx: acc[idx] - zero_point[()] * compensation[idx[-1]],
                       name="compensate")
 
 
 def emit_int8_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
-                   zero_point: int, w32: np.ndarray) -> relax.Expr | None:
+                   zero_point: int | relax.Expr, w32: np.ndarray) -> relax.Expr | None:
     """Emit ``(x - zero_point) @ w32`` (int32) as an integer GEMM; None if it cannot be.
 
     ``x`` is a static ``u8``/``s8`` tensor ``[..., M, K]``; ``w32`` holds the (zero-point
-    adjusted) integer weights. See the module docstring for the two forms.
+    adjusted) integer weights. ``zero_point`` is a constant, or a 0-d int32 Relax expression
+    known only at run time (dynamic quantization: ``DynamicQuantizeLinear``); then the
+    compensation ``zp * colsum(W)`` is computed in the kernel from the constant ``colsum(W)``.
+    See the module docstring for the two forms.
     """
     x_ty = x.ty
     k, n = w32.shape
@@ -100,10 +109,22 @@ def emit_int8_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
     if dtype is None:
         return None
     signed = str(x_ty.dtype) == "int8"
-    zero_point += 128 if signed else 0
-    compensation = zero_point * w32.astype(np.int64).sum(axis=0)
-    if np.abs(compensation).max(initial=0) >= 2**31:
-        return None
+    colsum = w32.astype(np.int64).sum(axis=0)
+    runtime_zp = None
+    if isinstance(zero_point, relax.Expr):
+        # |zp_u| <= 255 + 128: the compensation must fit int32 for any zero point.
+        if 383 * np.abs(colsum).max(initial=0) >= 2**31:
+            return None
+        runtime_zp = zero_point
+        if signed:
+            runtime_zp = relax.op.add(runtime_zp, relax.const(128, "int32"))
+        runtime_zp = builder.emit(runtime_zp)
+        compensation = colsum
+    else:
+        zero_point += 128 if signed else 0
+        compensation = zero_point * colsum
+        if np.abs(compensation).max(initial=0) >= 2**31:
+            return None
     pad = -k % 4  # zero rows of W (and zero columns of x) add nothing
     nr = panel_width(target, "uint8", int(x_ty.shape.values[-2]), n, k + pad)
     if nr is None:
@@ -116,12 +137,12 @@ def emit_int8_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
         w32 = np.concatenate([w32, np.zeros((pad, n), w32.dtype)])
     return builder.emit(builder.call_te(
         int8_packed_matmul, x, relax.const(pack_weight_vnni(w32.astype(np.int8), nr)),
-        relax.const(compensation.astype(np.int32)), int(n),
+        relax.const(compensation.astype(np.int32)), int(n), runtime_zp,
         primfunc_name_hint=INT8_PACKED_MATMUL))
 
 
 def _emit_s16_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
-                   zero_point: int, w32: np.ndarray) -> relax.Expr | None:
+                   zero_point: int | relax.Expr, w32: np.ndarray) -> relax.Expr | None:
     """``(x - zero_point) @ w32`` on s16 operands (the AVX2 integer GEMM)."""
     x_ty = x.ty
     k, n = w32.shape
@@ -131,7 +152,9 @@ def _emit_s16_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
     if nr is None:
         return None
     x16 = relax.op.astype(x, "int16")
-    if zero_point:
+    if isinstance(zero_point, relax.Expr):
+        x16 = relax.op.subtract(x16, relax.op.astype(zero_point, "int16"))
+    elif zero_point:
         x16 = relax.op.subtract(x16, relax.const(zero_point, "int16"))
     x16 = builder.emit(x16)
     if k % 2:
@@ -181,9 +204,12 @@ class _Rewriter(relax.PyExprMutator):
         expr = bound_value(self, lhs)
         if is_op(expr, "relax.subtract"):
             zp = constant_value(self, expr.args[1])
-            if zp is None or zp.ndim != 0:
+            if zp is not None and zp.size == 1:
+                zero_point = int(zp.reshape(()))
+            elif zp is None and _is_runtime_scalar(expr.args[1]):
+                zero_point = _scalar(expr.args[1])  # dynamic quantization's zero point
+            else:
                 return None
-            zero_point = int(zp)
             expr = bound_value(self, expr.args[0])
         if not is_op(expr, "relax.astype") or str(expr.ty.dtype) != "int32":
             return None
@@ -193,3 +219,15 @@ class _Rewriter(relax.PyExprMutator):
         if int(x.ty.shape.values[-1]) != w32.shape[0]:
             return None
         return x, zero_point, w32
+
+
+def _is_runtime_scalar(expr: relax.Expr) -> bool:
+    """A one-element int32 tensor (a zero point computed at run time)."""
+    ty = expr.ty
+    if not is_static_tensor(ty, ("int32",), min_ndim=0):
+        return False
+    return all(int(d) == 1 for d in ty.shape.values)
+
+
+def _scalar(expr: relax.Expr) -> relax.Expr:
+    return expr if expr.ty.ndim == 0 else relax.op.reshape(expr, ())
