@@ -1,0 +1,101 @@
+"""The real-model zoo side by side: tvm_hybrid, ONNX Runtime and OpenVINO (f32), one run.
+
+Per model: compile seconds, kernels on a template / the fallback rule / stock lowering, the
+largest relative difference from ONNX Runtime, and median latency of each runtime (timed
+interleaved, all on the physical cores), then hybrid's speed relative to each peer and the
+geometric means. This prints; it is not a test.
+
+    python python/tools/fetch_models.py          # once
+    python python/benchmarks/real_models.py [NAME ...] [--rounds 9]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+import numpy as np
+import onnx
+
+import tvm_hybrid
+from tvm_hybrid import peers
+from tvm_hybrid.comparison import host_banner, time_interleaved
+from tvm_hybrid.testing import zoo
+
+
+def _hybrid_runner(compiled):
+    names = [spec.name for spec in compiled.inputs]
+
+    def run(feeds):
+        out = compiled(*[feeds[n] for n in names])
+        return list(out) if isinstance(out, tuple) else [out]
+
+    return run
+
+
+def _error(got, expected) -> float:
+    worst = 0.0
+    for out, ref in zip(got, expected):
+        ref = np.asarray(ref, dtype=np.float64)
+        scale = float(np.max(np.abs(ref))) or 1.0
+        worst = max(worst, float(np.max(np.abs(np.asarray(out, np.float64) - ref))) / scale)
+    return worst
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*")
+    parser.add_argument("--rounds", type=int, default=9)
+    args = parser.parse_args()
+    print(host_banner())
+    others = [p for p in ("onnxruntime", "openvino") if peers.available(p)]
+    header = (f"{'model':22s} {'compile s':>9s} {'tmpl/fallb/stock':>16s} {'max err':>8s} "
+              f"{'hybrid ms':>10s} " + " ".join(f"{p + ' ms':>14s}" for p in others)
+              + " " + " ".join(f"{'vs ' + p:>14s}" for p in others))
+    print(header, flush=True)
+    ratios: dict[str, list[float]] = {p: [] for p in others}
+    for entry in zoo.MODELS:
+        if args.names and entry.name not in args.names:
+            continue
+        try:
+            path = zoo.fetch(entry)
+        except zoo.FetchError as err:
+            print(f"{entry.name:22s} not fetched: {err}")
+            continue
+        feeds = entry.inputs(np.random.default_rng(0))
+        start = time.perf_counter()
+        try:
+            compiled = tvm_hybrid.compile(path, input_shapes={k: v.shape for k, v in
+                                                              feeds.items() if v.ndim})
+        except tvm_hybrid.errors.TVMHybridError as err:
+            print(f"{entry.name:22s} FAILED: {err}", flush=True)
+            continue
+        compile_s = time.perf_counter() - start
+        counts = {"template": 0, "fallback": 0, "stock": 0}
+        for kernel in compiled.kernels.values():
+            counts[kernel.schedule] = counts.get(kernel.schedule, 0) + 1
+        proto = onnx.load(str(path))
+        runners = {"hybrid": _hybrid_runner(compiled)}
+        runners.update({p: peers.make_runner(p, proto) for p in others})
+        reference = runners["onnxruntime"](feeds) if "onnxruntime" in runners else None
+        error = _error(runners["hybrid"](feeds), reference) if reference else float("nan")
+        samples = time_interleaved(runners, feeds, rounds=args.rounds)
+        ms = {p: float(np.median(s)) for p, s in samples.items()}
+        speed = {p: ms[p] / ms["hybrid"] for p in others}
+        for p in others:
+            ratios[p].append(speed[p])
+        print(f"{entry.name:22s} {compile_s:9.1f} "
+              f"{counts['template']:>6d}/{counts['fallback']:>4d}/{counts['stock']:>4d} "
+              f"{error:8.1e} {ms['hybrid']:10.2f} "
+              + " ".join(f"{ms[p]:14.2f}" for p in others) + " "
+              + " ".join(f"{speed[p]:13.2f}x" for p in others), flush=True)
+    for p in others:
+        if ratios[p]:
+            geo = math.exp(sum(math.log(r) for r in ratios[p]) / len(ratios[p]))
+            print(f"hybrid speed vs {p}: geometric mean {geo:.2f}x over {len(ratios[p])} "
+                  f"models, lowest {min(ratios[p]):.2f}x")
+
+
+if __name__ == "__main__":
+    main()

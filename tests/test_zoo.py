@@ -1,0 +1,59 @@
+"""The real-model zoo (``tvm_hybrid/testing/zoo.py``): third-party ONNX models from PyPI wheels
+compile as shipped and match ONNX Runtime on realistic inputs.
+
+The tolerance is on ``max|ours - ONNX Runtime| / max|ONNX Runtime|`` per output: 1e-4 for fp32
+models; for the int8 models 0.1 and the same top-1 decision (argmax over the last axis) at
+every position, because a float difference of one ulp before a quantizer moves a value by one
+quantization step that later layers carry on (``zoo.INT8_TOLERANCE``). Models are fetched on
+first use into ``models/`` (or ``TVM_HYBRID_ZOO_DIR``); a test is skipped, saying why, when its
+wheel cannot be fetched.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tvm_hybrid
+from tvm_hybrid.testing import zoo
+
+ort = pytest.importorskip("onnxruntime", reason="the comparisons need onnxruntime (test extra)")
+
+#: The largest models, by compile time on 2 cores (run with -m slow or the full suite).
+SLOW = {"layout", "captcha_ocr", "ocr_det"}
+
+
+def relative_errors(got: list[np.ndarray], expected: list[np.ndarray]) -> list[float]:
+    errors = []
+    for out, ref in zip(got, expected):
+        ref = np.asarray(ref, dtype=np.float64)
+        scale = float(np.max(np.abs(ref))) or 1.0
+        errors.append(float(np.max(np.abs(np.asarray(out, dtype=np.float64) - ref))) / scale)
+    return errors
+
+
+@pytest.mark.parametrize("entry", [
+    pytest.param(m, id=m.name, marks=[pytest.mark.slow] if m.name in SLOW else [])
+    for m in zoo.MODELS
+])
+def test_zoo_model_compiles_as_shipped_and_matches_onnxruntime(entry):
+    try:
+        path = zoo.fetch(entry)
+    except zoo.FetchError as err:
+        pytest.skip(f"zoo model {entry.name} not available: {err}")
+    feeds = entry.inputs(np.random.default_rng(0))
+    compiled = tvm_hybrid.compile(path, input_shapes={k: v.shape for k, v in feeds.items()
+                                                      if v.ndim})
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    expected = session.run(None, feeds)
+    out = compiled(**feeds)
+    got = list(out) if isinstance(out, (list, tuple)) else [out]
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected):
+        assert np.asarray(a).shape == b.shape
+    errors = relative_errors(got, expected)
+    assert max(errors) <= entry.tolerance, f"relative errors {errors}"
+    if entry.kind.startswith("int8"):
+        ours, theirs = np.asarray(got[0]), expected[0]
+        np.testing.assert_array_equal(ours.argmax(-1), theirs.argmax(-1))
+    assert all(np.isfinite(np.asarray(a)).all() for a in got)
