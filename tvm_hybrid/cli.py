@@ -179,11 +179,18 @@ def _input_shapes(text: str | None) -> dict[str, tuple] | None:
 
 def _cmd_compile(args) -> int:
     from .compiler import compile as hybrid_compile
+    from .specializing_model import SpecializingModel
 
     start = time.perf_counter()
-    model = hybrid_compile(args.model, args.target, tuning_records=args.tuning_records,
-                           input_shapes=_input_shapes(args.input_shapes),
-                           precision=args.precision, cache_dir=args.cache_dir)
+    options = dict(tuning_records=args.tuning_records,
+                   input_shapes=_input_shapes(args.input_shapes), precision=args.precision,
+                   cache_dir=args.cache_dir)
+    model = hybrid_compile(args.model, args.target, **options)
+    if isinstance(model, SpecializingModel):  # one file for every size: symbolic shapes
+        dims = ", ".join(f"{s.name}: {'x'.join(str(d) for d in s.shape)}" for s in model.inputs)
+        print(f"note: dynamic input dimensions ({dims}) are compiled symbolically, which runs "
+              "much slower than a static compile; pass --input-shapes for speed")
+        model = hybrid_compile(args.model, args.target, dynamic="symbolic", **options)
     path = model.export(args.output)
     print(f"compiled {args.model} for {model.target.attrs.get('mcpu')} in "
           f"{time.perf_counter() - start:.1f} s -> {path}")

@@ -24,13 +24,16 @@ from .compile_cache import (
 from .compile_lock import COMPILER_LOCK
 from .compiled_model import CompiledModel
 from .errors import CompileError, OptionError, TargetError, TuningRecordsError, first_line
-from .frontend import import_model
+from .frontend import import_model, load_onnx
+from .frontend.importer import is_static, onnx_inputs
 from .host import make_target, target_to_dict
 from .kernel_info import KernelRecorder
 from .microkernels import bf16_microkernels
 from .pipeline import PRECISIONS, hybrid_pipeline
+from .specializing_model import DEFAULT_MAX_SPECIALIZATIONS, SpecializingModel
 
 PIPELINES = ("hybrid", "stock")
+DYNAMIC_MODES = ("specialize", "symbolic")
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +49,9 @@ def compile(  # noqa: A001 - the public name mirrors tvm.compile
     precision: str = "fp32",
     cache_dir: str | os.PathLike | None = None,
     cache_max_bytes: int = DEFAULT_MAX_BYTES,
-) -> CompiledModel:
+    dynamic: str = "specialize",
+    max_specializations: int = DEFAULT_MAX_SPECIALIZATIONS,
+) -> CompiledModel | SpecializingModel:
     """Compile a model for an x86 CPU.
 
     Parameters
@@ -74,6 +79,15 @@ def compile(  # noqa: A001 - the public name mirrors tvm.compile
         same ONNX model, shapes, target, precision, records and versions loads the stored one.
     cache_max_bytes
         The cache's size bound (least recently used entries go first).
+    dynamic
+        For ONNX inputs with dynamic dimensions that ``input_shapes`` does not fix:
+        ``"specialize"`` (default) returns a :class:`~tvm_hybrid.specializing_model.
+        SpecializingModel` that compiles the model for each new combination of input shapes on
+        first use (static-compile speed; the first call at a new size pays one compile, a cache
+        hit with ``cache_dir``); ``"symbolic"`` compiles one binary for all sizes, whose kernels
+        run on TVM's generic lowering (much slower).
+    max_specializations
+        With ``dynamic="specialize"``: how many shapes' compiled models to keep in memory.
     precision
         ``"fp32"`` (default) or ``"bf16"``: GEMMs with constant weights compute in bf16 with
         fp32 accumulation (like OpenVINO's inference precision hint); inputs and outputs stay
@@ -83,12 +97,27 @@ def compile(  # noqa: A001 - the public name mirrors tvm.compile
 
     Returns
     -------
-    CompiledModel
+    CompiledModel or SpecializingModel
     """
     if pipeline not in PIPELINES:
         raise OptionError(f"pipeline must be one of {PIPELINES}, got {pipeline!r}")
+    if dynamic not in DYNAMIC_MODES:
+        raise OptionError(f"dynamic must be one of {DYNAMIC_MODES}, got {dynamic!r}")
     tgt = make_target(target)
     check_precision(precision, tgt)
+    if dynamic == "specialize" and not isinstance(model, tvm.IRModule) and not params:
+        proto = load_onnx(model)
+        declared = onnx_inputs(proto, input_shapes or {})
+        if not all(is_static(spec.shape) for spec in declared):
+            source = str(model) if isinstance(model, (str, os.PathLike)) else "<onnx model>"
+
+            def compile_for(shapes: dict[str, tuple]) -> CompiledModel:
+                return compile(proto, tgt, tuning_records=tuning_records, input_shapes=shapes,
+                               pipeline=pipeline, precision=precision, cache_dir=cache_dir,
+                               cache_max_bytes=cache_max_bytes, dynamic="symbolic")
+
+            return SpecializingModel(compile_for, declared, tgt, source, max_specializations)
+        model = proto
     cache_dir = cache_dir if cache_dir is not None else os.environ.get(CACHE_VARIABLE) or None
     key_bytes = model_bytes(model) if cache_dir and not params else None
 
