@@ -16,6 +16,7 @@ from tvm.target import Target
 from .host import host_target
 from .passes import (
     CheckIndices,
+    ConvToGemm,
     FastMath,
     FoldQDQ,
     FuseGemmEpilogues,
@@ -116,6 +117,7 @@ def graph_passes(target: Target, precision: str = "fp32",
     epilogue chain (``patterns.py``), and exp/erf/tanh/softmax take vectorisable forms.
     """
     return [
+        ConvToGemm(target),
         IntegerGemmToVNNI(target),
         PrepackBF16(target, convert_fp32=precision == "bf16"),
         PrepackConstantWeights(target),

@@ -2,6 +2,7 @@
 
 from .bf16 import PrepackBF16
 from .check_indices import CheckIndices
+from .conv_gemm import ConvToGemm
 from .fast_math import FastMath
 from .fuse_epilogues import FuseGemmEpilogues
 from .integer_gemm import IntegerGemmToVNNI
@@ -10,6 +11,7 @@ from .qdq import FoldQDQ
 
 __all__ = [
     "CheckIndices",
+    "ConvToGemm",
     "FastMath",
     "FoldQDQ",
     "FuseGemmEpilogues",
