@@ -1,13 +1,15 @@
 """``ConvToGemm``: fp32 convolutions with constant weights onto the GEMM engine (im2col).
 
-``conv2d(x[N, C, H, W], W[O, C, KH, KW])`` (NCHW, one group) is the GEMM
+Convolutions first move to NHWC activations and OHWI weights (TVM's ``ConvertLayout``, which
+carries the layout through elementwise ops and puts one layout change at each end of a conv
+chain). Then ``conv2d(x[N, H, W, C], W[O, KH, KW, C])`` with one group is the GEMM
 
-    Y[(n, oh, ow), o] = sum_{(c, kh, kw)} X_col[(n, oh, ow), (c, kh, kw)] * W_mat[(c, kh, kw), o]
+    Y[(n, oh, ow), o] = sum_{(kh, kw, c)} X_col[(n, oh, ow), (kh, kw, c)] * W_mat[(kh, kw, c), o]
 
-with ``X_col`` gathered from ``x`` (zero outside the padding; a plain transpose for a 1x1,
-stride-1, unpadded convolution) and ``W_mat = W.reshape(O, -1).T`` a constant, which
-``PrepackConstantWeights`` packs for the microkernel like any GEMM weight. The result is
-transposed back to NCHW in a kernel that the following bias and activation fuse into.
+with ``X_col`` gathered from ``x`` (zero outside the padding; ``x`` itself, reshaped, for a
+1x1, stride-1, unpadded convolution) and ``W_mat = W.reshape(O, -1).T`` a constant, which
+``PrepackConstantWeights`` packs for the microkernel like any GEMM weight. ``Y`` reshaped is
+the NHWC output, so the bias and activation after it fuse as the GEMM's epilogue.
 
 TVM's own conv2d lowering runs at about 1% of the FMA peak on the fallback schedule; this puts
 dense convolutions on the template. Grouped and depthwise convolutions (no reduction across
@@ -16,21 +18,36 @@ channels worth a GEMM) keep their own path.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import tvm
 from tvm import relax, te, tirx
 from tvm.target import Target
 
+from ..errors import first_line
 from .relax_rewrite import constant_value, is_op, is_static_tensor, rewrite_functions
 
 IM2COL = "hybrid_im2col"
+_NHWC = ("NHWC", "OHWI", "NHWC")
+_NCHW = ("NCHW", "OIHW", "NCHW")
+
+#: What ``ConvertLayout`` is asked for; transposed convolutions stay NCHW (the only layout
+#: TVM legalizes for them).
+_LAYOUTS = {"relax.nn.conv2d": ["NHWC", "OHWI"],
+            "relax.nn.conv2d_transpose": ["NCHW", "IOHW"]}
+
+logger = logging.getLogger(__name__)
 
 
 def im2col(x: te.Tensor, kernel: tuple[int, int], strides: tuple[int, int],
            padding: tuple[int, int, int, int], dilation: tuple[int, int],
            out_hw: tuple[int, int]) -> te.Tensor:
-    """``x[N, C, H, W]`` to ``X_col[N * OH * OW, C * KH * KW]`` (zero in the padding)."""
-    n, c, h, w = (int(d) for d in x.shape)
+    """``x[N, H, W, C]`` to ``X_col[N * OH * OW, KH * KW * C]`` (zero in the padding).
+
+    Channels are innermost on both sides, so each row is ``KH * KW`` contiguous copies.
+    """
+    n, h, w, c = (int(d) for d in x.shape)
     kh, kw = kernel
     oh, ow = out_hw
     top, left = padding[0], padding[1]
@@ -38,15 +55,15 @@ def im2col(x: te.Tensor, kernel: tuple[int, int], strides: tuple[int, int],
     def value(row, col):
         b, rest = row // (oh * ow), row % (oh * ow)
         y, xo = rest // ow, rest % ow
-        ch, k = col // (kh * kw), col % (kh * kw)
+        k, ch = col // c, col % c
         iy = y * strides[0] + (k // kw) * dilation[0] - top
         ix = xo * strides[1] + (k % kw) * dilation[1] - left
         inside = tirx.all(iy >= 0, iy < h, ix >= 0, ix < w)
-        return tirx.if_then_else(inside, x[b, ch, tirx.max(tirx.min(iy, h - 1), 0),
-                                           tirx.max(tirx.min(ix, w - 1), 0)],
+        return tirx.if_then_else(inside, x[b, tirx.max(tirx.min(iy, h - 1), 0),
+                                           tirx.max(tirx.min(ix, w - 1), 0), ch],
                                  tirx.const(0.0, x.dtype))
 
-    return te.compute((n * oh * ow, c * kh * kw), value, name="im2col")
+    return te.compute((n * oh * ow, kh * kw * c), value, name="im2col")
 
 
 @tvm.transform.module_pass(opt_level=0, name="ConvToGemm")
@@ -57,6 +74,16 @@ class ConvToGemm:
         self.target = target
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        # NHWC activations, OHWI weights: a 1x1 convolution's input is already the GEMM's
+        # left operand, im2col copies whole channel vectors, the GEMM's output is the next
+        # layer's input, and the layout changes stay at the ends of conv chains.
+        # (TVM's pass cannot carry a layout through every op; then each convolution changes
+        # layout on its own, below.)
+        try:
+            mod = relax.transform.ConvertLayout(_LAYOUTS)(mod)
+        except Exception as err:  # noqa: BLE001 - TVM raises its C++ check failures
+            logger.debug("ConvertLayout failed (%s); NHWC per convolution", first_line(err))
+        mod = relax.transform.FoldConstant()(mod)
         return rewrite_functions(mod, _Rewriter(mod), eliminate_dead_code=True)
 
 
@@ -76,9 +103,9 @@ class _Rewriter(relax.PyExprMutator):
 
     def _rewrite(self, call: relax.Call) -> relax.Expr | None:
         attrs = call.attrs
-        if (int(attrs.groups) != 1 or str(attrs.data_layout) != "NCHW"
-                or str(attrs.kernel_layout) != "OIHW"
-                or str(attrs.out_layout) not in ("NCHW", "")):
+        layouts = (str(attrs.data_layout), str(attrs.kernel_layout),
+                   str(attrs.out_layout) or str(attrs.data_layout))
+        if int(attrs.groups) != 1 or layouts not in (_NHWC, _NCHW):
             return None
         x, weight = call.args
         if not is_static_tensor(x.ty, ("float32",), min_ndim=4):
@@ -89,9 +116,22 @@ class _Rewriter(relax.PyExprMutator):
         out_ty = call.ty
         if not is_static_tensor(out_ty, ("float32",), min_ndim=4):
             return None
-        n, c, h, wd = (int(d) for d in x.ty.shape.values)
-        o, _, kh, kw = w.shape
-        oh, ow = (int(d) for d in out_ty.shape.values[2:])
+        bb = self.builder_
+        out_shape = [int(d) for d in out_ty.shape.values]
+        if layouts == _NCHW:  # to NHWC and back around the GEMM
+            x = bb.emit(relax.op.permute_dims(x, [0, 2, 3, 1]))
+            w = w.transpose(0, 2, 3, 1)
+            out_shape = [out_shape[0], out_shape[2], out_shape[3], out_shape[1]]
+        y = self._gemm(x, w, out_shape, attrs)
+        if layouts == _NCHW:
+            y = relax.op.permute_dims(bb.emit(y), [0, 3, 1, 2])
+        return y
+
+    def _gemm(self, x: relax.Expr, w: np.ndarray, out_shape: list[int], attrs) -> relax.Expr:
+        """The NHWC convolution of ``x`` by the OHWI constant ``w`` as im2col + GEMM."""
+        n, h, wd, c = (int(d) for d in x.ty.shape.values)
+        o, kh, kw, _ = w.shape
+        oh, ow = out_shape[1:3]
         strides, dilation = _pair(attrs.strides), _pair(attrs.dilation)
         pads = [int(p) for p in attrs.padding]
         padding = (pads[0], pads[1], pads[2], pads[3]) if len(pads) == 4 else \
@@ -99,12 +139,10 @@ class _Rewriter(relax.PyExprMutator):
         k = c * kh * kw
         bb = self.builder_
         if (kh, kw) == (1, 1) and strides == (1, 1) and not any(padding) and (oh, ow) == (h, wd):
-            nhwc = bb.emit(relax.op.permute_dims(x, [0, 2, 3, 1]))
-            cols = bb.emit(relax.op.reshape(nhwc, (n * h * wd, c)))
+            cols = bb.emit(relax.op.reshape(x, (n * h * wd, c)))
         else:
             cols = bb.emit(bb.call_te(im2col, x, (kh, kw), strides, padding, dilation,
                                       (oh, ow), primfunc_name_hint=IM2COL))
         w_mat = relax.const(np.ascontiguousarray(w.reshape(o, k).T))
         y = bb.emit(relax.op.matmul(cols, w_mat))
-        y = bb.emit(relax.op.reshape(y, (n, oh, ow, o)))
-        return relax.op.permute_dims(y, [0, 3, 1, 2])
+        return relax.op.reshape(y, (n, oh, ow, o))

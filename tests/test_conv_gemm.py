@@ -1,0 +1,62 @@
+"""``ConvToGemm``: dense convolutions run as im2col + the GEMM template, with ONNX Runtime's
+results (relative 1e-4), for kernel sizes, strides, asymmetric padding, dilation and bias;
+grouped and depthwise convolutions keep their own path and stay right."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import tvm_hybrid
+
+ort = pytest.importorskip("onnxruntime", reason="the comparisons need onnxruntime (test extra)")
+
+
+def _conv_model(c=8, o=16, k=3, size=(13, 11), group=1, relu=True, **attrs):
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((o, c // group, k, k)) * 0.2).astype("float32")
+    b = rng.standard_normal(o).astype("float32")
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], group=group, **attrs)]
+    nodes.append(helper.make_node("Relu" if relu else "Identity", ["c"], ["y"]))
+    graph = helper.make_graph(
+        nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, c, *size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(w, "W"), onnx.numpy_helper.from_array(b, "B")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    x = rng.standard_normal((2, c, *size)).astype("float32")
+    return model, x
+
+
+CASES = [
+    dict(k=1), dict(k=3, pads=[1, 1, 1, 1]), dict(k=3, strides=[2, 2], pads=[1, 1, 1, 1]),
+    dict(k=5, pads=[2, 1, 0, 2]), dict(k=3, dilations=[2, 2], pads=[2, 2, 2, 2]),
+    dict(k=1, strides=[2, 2]), dict(k=3, relu=False, c=3, o=5),
+    dict(k=3, auto_pad="SAME_UPPER"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+def test_dense_conv_runs_on_the_gemm_template_and_matches(case):
+    model, x = _conv_model(**case)
+    compiled = tvm_hybrid.compile(model)
+    expected = ort.InferenceSession(model.SerializeToString(),
+                                    providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = np.asarray(compiled(x=x))
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+    gemms = {k.schedule for k in compiled.kernels.values() if "packed_matmul" in k.name}
+    assert gemms == {"template"}
+    assert not [n for n in compiled.kernel_names() if "conv2d" in n]
+
+
+@pytest.mark.parametrize("group", [2, 8])
+def test_grouped_and_depthwise_convs_keep_their_path_and_match(group):
+    model, x = _conv_model(group=group, o=8, pads=[1, 1, 1, 1])
+    compiled = tvm_hybrid.compile(model)
+    expected = ort.InferenceSession(model.SerializeToString(),
+                                    providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(np.asarray(compiled(x=x)), expected, rtol=1e-4, atol=1e-4)
+    assert [n for n in compiled.kernel_names() if "conv2d" in n]
+    assert not [n for n in compiled.kernel_names() if "packed_matmul" in n]
