@@ -60,3 +60,35 @@ def test_grouped_and_depthwise_convs_keep_their_path_and_match(group):
     np.testing.assert_allclose(np.asarray(compiled(x=x)), expected, rtol=1e-4, atol=1e-4)
     assert [n for n in compiled.kernel_names() if "conv2d" in n]
     assert not [n for n in compiled.kernel_names() if "packed_matmul" in n]
+
+
+TRANSPOSED = [
+    dict(k=2, strides=[2, 2]), dict(k=3, strides=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 1]),
+    dict(k=4, strides=[2, 2], pads=[1, 1, 1, 1]), dict(k=3, dilations=[2, 2]),
+    dict(k=3, strides=[1, 1], pads=[1, 1, 1, 1]),
+]
+
+
+@pytest.mark.parametrize("case", TRANSPOSED,
+                         ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+def test_transposed_conv_runs_as_gemm_and_col2im(case):
+    rng = np.random.default_rng(1)
+    k = case.pop("k")
+    w = (rng.standard_normal((8, 6, k, k)) * 0.2).astype("float32")  # [C, O, KH, KW]
+    b = rng.standard_normal(6).astype("float32")
+    graph = helper.make_graph(
+        [helper.make_node("ConvTranspose", ["x", "W", "B"], ["y"], **case)], "deconv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8, 7, 9])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(w, "W"), onnx.numpy_helper.from_array(b, "B")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    x = rng.standard_normal((2, 8, 7, 9)).astype("float32")
+    expected = ort.InferenceSession(model.SerializeToString(),
+                                    providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    compiled = tvm_hybrid.compile(model)
+    got = np.asarray(compiled(x=x))
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+    names = compiled.kernel_names()
+    assert [n for n in names if "col2im" in n] and not [n for n in names if "transpose" in n
+                                                       and "conv2d" in n]

@@ -14,6 +14,10 @@ the NHWC output, so the bias and activation after it fuse as the GEMM's epilogue
 TVM's own conv2d lowering runs at about 1% of the FMA peak on the fallback schedule; this puts
 dense convolutions on the template. Grouped and depthwise convolutions (no reduction across
 channels worth a GEMM) keep their own path.
+
+A transposed convolution (NCHW, one group) is the GEMM of every input pixel by
+``W[C, (KH, KW, O)]`` followed by :func:`col2im`, which sums the taps landing on each output
+pixel (without overlap, ``KH == stride``, a pure rearrangement).
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ from ..errors import first_line
 from .relax_rewrite import constant_value, is_op, is_static_tensor, rewrite_functions
 
 IM2COL = "hybrid_im2col"
+COL2IM = "hybrid_col2im"
+#: Transposed convolutions with more taps than this keep TVM's lowering (col2im unrolls them).
+_MAX_TRANSPOSED_TAPS = 25
 _NHWC = ("NHWC", "OHWI", "NHWC")
 _NCHW = ("NCHW", "OIHW", "NCHW")
 
@@ -66,6 +73,33 @@ def im2col(x: te.Tensor, kernel: tuple[int, int], strides: tuple[int, int],
     return te.compute((n * oh * ow, kh * kw * c), value, name="im2col")
 
 
+def col2im(cols: te.Tensor, batch: int, in_hw: tuple[int, int], kernel: tuple[int, int],
+           out_channels: int, strides: tuple[int, int], padding: tuple[int, int],
+           dilation: tuple[int, int], out_hw: tuple[int, int]) -> te.Tensor:
+    """The transposed convolution's output ``Y[N, O, OH, OW]`` from the GEMM's
+    ``cols[N * H * W, KH * KW * O]``: each output pixel sums the (at most ``KH * KW``) taps
+    whose input pixel lands on it (an injective kernel: the taps are unrolled)."""
+    h, w = in_hw
+    kh, kw = kernel
+
+    def value(b, o, oy, ox):
+        total = tirx.const(0.0, cols.dtype)
+        for ky in range(kh):
+            for kx in range(kw):
+                ny = oy + padding[0] - ky * dilation[0]
+                nx = ox + padding[1] - kx * dilation[1]
+                iy, ix = ny // strides[0], nx // strides[1]
+                hit = tirx.all(ny >= 0, nx >= 0, ny % strides[0] == 0, nx % strides[1] == 0,
+                               iy < h, ix < w)
+                row = (b * h + tirx.min(iy, h - 1)) * w + tirx.min(ix, w - 1)
+                col = (ky * kw + kx) * out_channels + o
+                total = total + tirx.if_then_else(hit, cols[tirx.max(row, 0), col],
+                                                  tirx.const(0.0, cols.dtype))
+        return total
+
+    return te.compute((batch, out_channels, *out_hw), value, name="col2im")
+
+
 @tvm.transform.module_pass(opt_level=0, name="ConvToGemm")
 class ConvToGemm:
     """Rewrite fp32 ``conv2d`` with a constant weight and one group to im2col + GEMM."""
@@ -96,10 +130,41 @@ def _pair(values) -> tuple[int, int]:
 class _Rewriter(relax.PyExprMutator):
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = self.visit_expr_post_order(call)
-        if not is_op(call, "relax.nn.conv2d"):
-            return call
-        rewritten = self._rewrite(call)
+        rewritten = None
+        if is_op(call, "relax.nn.conv2d"):
+            rewritten = self._rewrite(call)
+        elif is_op(call, "relax.nn.conv2d_transpose"):
+            rewritten = self._rewrite_transposed(call)
         return call if rewritten is None else rewritten
+
+    def _rewrite_transposed(self, call: relax.Call) -> relax.Expr | None:
+        """``conv2d_transpose`` (NCHW, IOHW, one group) as a GEMM of every input pixel by
+        ``W[C, (KH, KW, O)]``, then :func:`col2im`."""
+        attrs = call.attrs
+        if (int(attrs.groups) != 1 or str(attrs.data_layout) != "NCHW"
+                or str(attrs.kernel_layout) != "IOHW"
+                or str(attrs.out_layout) not in ("NCHW", "")):
+            return None
+        x, weight = call.args
+        w = constant_value(self, weight)
+        if (not is_static_tensor(x.ty, ("float32",), min_ndim=4) or w is None
+                or w.dtype != np.float32 or w.ndim != 4
+                or not is_static_tensor(call.ty, ("float32",), min_ndim=4)):
+            return None
+        n, c, h, wd = (int(d) for d in x.ty.shape.values)
+        _, o, kh, kw = w.shape
+        if kh * kw > _MAX_TRANSPOSED_TAPS:
+            return None
+        oh, ow = (int(d) for d in call.ty.shape.values[2:])
+        pads = [int(p) for p in attrs.padding]
+        bb = self.builder_
+        nhwc = bb.emit(relax.op.permute_dims(x, [0, 2, 3, 1]))
+        rows = bb.emit(relax.op.reshape(nhwc, (n * h * wd, c)))
+        w_mat = relax.const(np.ascontiguousarray(w.transpose(0, 2, 3, 1).reshape(c, kh * kw * o)))
+        cols = bb.emit(relax.op.matmul(rows, w_mat))
+        return bb.call_te(col2im, cols, n, (h, wd), (kh, kw), o, _pair(attrs.strides),
+                          (pads[0], pads[1]), _pair(attrs.dilation), (oh, ow),
+                          primfunc_name_hint=COL2IM)
 
     def _rewrite(self, call: relax.Call) -> relax.Expr | None:
         attrs = call.attrs
