@@ -115,3 +115,23 @@ def test_errors_share_one_base_class():
     for cls in (tvm_hybrid.ModelLoadError, tvm_hybrid.UnsupportedModelError,
                 tvm_hybrid.InputError, tvm_hybrid.TargetError, tvm_hybrid.CompileError):
         assert issubclass(cls, tvm_hybrid.TVMHybridError)
+
+
+def test_compile_error_names_the_pass_and_the_onnx_node(monkeypatch):
+    """A pass that fails is named, and so is the ONNX node whose binding its message mentions
+    (bindings are named ``node<index>_`` at import)."""
+    import tvm
+
+    from tvm_hybrid import pipeline
+    from tvm_hybrid.errors import CompileError
+
+    @tvm.transform.module_pass(opt_level=0, name="BrokenPass")
+    def broken(mod, _ctx):
+        raise ValueError("node0_ has a shape this pass cannot take")
+
+    original = pipeline.graph_passes
+    monkeypatch.setattr(pipeline, "graph_passes", lambda *a, **k: [*original(*a, **k), broken])
+    model = workloads.paper_workloads(quick=True)[0].model
+    with pytest.raises(CompileError, match=r"in pass BrokenPass \(ONNX node MatMul '\w+'\): "
+                                           r"node0_ has a shape"):
+        tvm_hybrid.compile(model)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import warnings
 from pathlib import Path
 
@@ -144,20 +145,62 @@ def _compile(model, tgt, params, tuning_records, input_shapes, pipeline, precisi
     recorder = KernelRecorder()
     relax_pipeline = (hybrid_pipeline(tgt, precision, recorder) if pipeline == "hybrid"
                       else relax.get_pipeline("default"))
+    passes = _PassTracker()
     try:
-        with warnings.catch_warnings(), tgt:
+        with warnings.catch_warnings(), tgt, _with_instrument(passes):
             warnings.simplefilter("ignore")
             if database is not None:
                 with database:
                     lowered = relax_pipeline(mod)
             else:
                 lowered = relax_pipeline(mod)
+            passes.stack = ["code generation"]
             executable = tvm.compile(lowered, target=tgt, relax_pipeline=None)
     except Exception as err:
-        raise CompileError(f"TVM failed to compile {imported.source}: {first_line(err)}") \
-            from None
+        raise CompileError(f"TVM failed to compile {imported.source}"
+                           f"{passes.where()}{_nodes_named(err, imported.node_labels)}: "
+                           f"{first_line(err)}") from None
     return CompiledModel(executable, tgt, imported.inputs, lowered=lowered,
                          kernel_source=(recorder, imported.node_labels))
+
+
+@tvm.ir.instrument.pass_instrument
+class _PassTracker:
+    """Which pass is running: after a failure, ``stack`` holds the chain of passes it was in
+    (``run_after_pass`` is not called for the failing ones)."""
+
+    def __init__(self):
+        self.stack: list[str] = []
+
+    def run_before_pass(self, _mod, info):
+        self.stack.append(info.name)
+
+    def run_after_pass(self, _mod, _info):
+        if self.stack:
+            self.stack.pop()
+
+    def where(self) -> str:
+        return f" in pass {self.stack[-1]}" if self.stack else ""
+
+
+def _with_instrument(instrument) -> tvm.transform.PassContext:
+    """The current pass context (its options kept) with ``instrument`` added."""
+    current = tvm.transform.PassContext.current()
+    return tvm.transform.PassContext(
+        opt_level=current.opt_level, required_pass=list(current.required_pass),
+        disabled_pass=list(current.disabled_pass), config=dict(current.config),
+        instruments=[*current.instruments, instrument])
+
+
+def _nodes_named(err: Exception, labels: list[str]) -> str:
+    """``(ONNX node Conv 'x')`` for the bindings the error text mentions (named
+    ``node<index>_`` at import, ``attribution.py``)."""
+    found = []
+    for index in re.findall(r"\bnode(\d+)_", str(err)):
+        i = int(index)
+        if i < len(labels) and labels[i] not in found:
+            found.append(labels[i])
+    return f" (ONNX node {', '.join(found[:3])})" if found else ""
 
 
 def model_metadata(target: tvm.target.Target, inputs) -> dict:
