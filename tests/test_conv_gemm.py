@@ -51,15 +51,31 @@ def test_dense_conv_runs_on_the_gemm_template_and_matches(case):
     assert not [n for n in compiled.kernel_names() if "conv2d" in n]
 
 
-@pytest.mark.parametrize("group", [2, 8])
-def test_grouped_and_depthwise_convs_keep_their_path_and_match(group):
-    model, x = _conv_model(group=group, o=8, pads=[1, 1, 1, 1])
+def test_grouped_conv_keeps_its_path_and_matches():
+    model, x = _conv_model(group=2, o=8, pads=[1, 1, 1, 1])
     compiled = tvm_hybrid.compile(model)
     expected = ort.InferenceSession(model.SerializeToString(),
                                     providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(np.asarray(compiled(x=x)), expected, rtol=1e-4, atol=1e-4)
     assert [n for n in compiled.kernel_names() if "conv2d" in n]
     assert not [n for n in compiled.kernel_names() if "packed_matmul" in n]
+
+
+@pytest.mark.parametrize("case", [dict(k=3, pads=[1, 1, 1, 1]),
+                                  dict(k=3, strides=[2, 2], pads=[1, 1, 1, 1]),
+                                  dict(k=5, pads=[2, 1, 0, 2]), dict(k=3, dilations=[2, 2]),
+                                  dict(k=1)],
+                         ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+def test_depthwise_conv_runs_its_unrolled_kernel_and_matches(case):
+    model, x = _conv_model(group=8, c=8, o=8, **case)
+    compiled = tvm_hybrid.compile(model)
+    expected = ort.InferenceSession(model.SerializeToString(),
+                                    providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = np.asarray(compiled(x=x))
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+    names = compiled.kernel_names()
+    assert [n for n in names if "depthwise" in n] and not [n for n in names if "conv2d" in n]
 
 
 TRANSPOSED = [

@@ -12,8 +12,9 @@ with ``X_col`` gathered from ``x`` (zero outside the padding; ``x`` itself, resh
 the NHWC output, so the bias and activation after it fuse as the GEMM's epilogue.
 
 TVM's own conv2d lowering runs at about 1% of the FMA peak on the fallback schedule; this puts
-dense convolutions on the template. Grouped and depthwise convolutions (no reduction across
-channels worth a GEMM) keep their own path.
+dense convolutions on the template. A depthwise convolution (no reduction across channels
+worth a GEMM) becomes :func:`depthwise_conv`, an injective kernel vectorised along the NHWC
+channels; other grouped convolutions keep TVM's lowering.
 
 A transposed convolution (NCHW, one group) is the GEMM of every input pixel by
 ``W[C, (KH, KW, O)]`` followed by :func:`col2im`, which sums the taps landing on each output
@@ -34,7 +35,10 @@ from .relax_rewrite import constant_value, is_op, is_static_tensor, rewrite_func
 
 IM2COL = "hybrid_im2col"
 COL2IM = "hybrid_col2im"
-#: Transposed convolutions with more taps than this keep TVM's lowering (col2im unrolls them).
+DEPTHWISE = "hybrid_depthwise_conv"
+_OUT_ELEMWISE_FUSABLE = 4  # TVM's OpPatternKind kOutEWiseFusable
+#: Transposed and depthwise convolutions with more taps than this keep TVM's lowering (their
+#: kernels unroll the taps).
 _MAX_TRANSPOSED_TAPS = 25
 _NHWC = ("NHWC", "OHWI", "NHWC")
 _NCHW = ("NCHW", "OIHW", "NCHW")
@@ -100,6 +104,30 @@ def col2im(cols: te.Tensor, batch: int, in_hw: tuple[int, int], kernel: tuple[in
     return te.compute((batch, out_channels, *out_hw), value, name="col2im")
 
 
+def depthwise_conv(x: te.Tensor, weight: te.Tensor, strides: tuple[int, int],
+                   padding: tuple[int, int], dilation: tuple[int, int],
+                   out_hw: tuple[int, int]) -> te.Tensor:
+    """NHWC depthwise convolution of ``x[N, H, W, C]`` by ``weight[KH, KW, C]``: each output
+    element sums its ``KH * KW`` taps, unrolled (an injective kernel, vectorised along the
+    contiguous channels, with the bias and activation after it fused in)."""
+    _, h, w, _ = (int(d) for d in x.shape)
+    kh, kw, _ = (int(d) for d in weight.shape)
+
+    def value(b, oy, ox, c):
+        total = tirx.const(0.0, x.dtype)
+        for ky in range(kh):
+            for kx in range(kw):
+                iy = oy * strides[0] + ky * dilation[0] - padding[0]
+                ix = ox * strides[1] + kx * dilation[1] - padding[1]
+                inside = tirx.all(iy >= 0, iy < h, ix >= 0, ix < w)
+                tap = x[b, tirx.max(tirx.min(iy, h - 1), 0), tirx.max(tirx.min(ix, w - 1), 0), c]
+                total = total + tirx.if_then_else(inside, tap, tirx.const(0.0, x.dtype)) \
+                    * weight[ky, kx, c]
+        return total
+
+    return te.compute((int(x.shape[0]), *out_hw, int(x.shape[3])), value, name="depthwise")
+
+
 @tvm.transform.module_pass(opt_level=0, name="ConvToGemm")
 class ConvToGemm:
     """Rewrite fp32 ``conv2d`` with a constant weight and one group to im2col + GEMM."""
@@ -137,6 +165,36 @@ class _Rewriter(relax.PyExprMutator):
             rewritten = self._rewrite_transposed(call)
         return call if rewritten is None else rewritten
 
+    def _rewrite_depthwise(self, call: relax.Call) -> relax.Expr | None:
+        """NHWC depthwise ``conv2d`` (one filter per channel) as :func:`depthwise_conv`."""
+        x, weight = call.args
+        w = constant_value(self, weight)
+        if (not is_static_tensor(x.ty, ("float32",), min_ndim=4) or w is None
+                or w.dtype != np.float32 or w.ndim != 4
+                or not is_static_tensor(call.ty, ("float32",), min_ndim=4)):
+            return None
+        channels = int(x.ty.shape.values[3])
+        o, kh, kw, per_group = w.shape
+        attrs = call.attrs
+        if (int(attrs.groups) != channels or o != channels or per_group != 1
+                or kh * kw > _MAX_TRANSPOSED_TAPS):
+            return None
+        oh, ow = (int(d) for d in call.ty.shape.values[1:3])
+        pads = [int(p) for p in attrs.padding]
+        taps = relax.const(np.ascontiguousarray(w[..., 0].transpose(1, 2, 0)))  # [KH, KW, C]
+        conv = self.builder_.call_te(
+            depthwise_conv, x, taps, _pair(attrs.strides), (pads[0], pads[1]),
+            _pair(attrs.dilation), (oh, ow), primfunc_name_hint=DEPTHWISE)
+        return self._not_inlined_into(conv)
+
+    def _not_inlined_into(self, call: relax.Call) -> relax.Call:
+        """Mark ``call``'s PrimFunc fusable like a convolution: the ops after it may join its
+        kernel, the ops before it do not (inlined, they would be recomputed for every tap)."""
+        gvar = call.args[0]
+        func = self.builder_.get()[gvar]
+        self.builder_.update_func(gvar, func.with_attr("op_pattern", _OUT_ELEMWISE_FUSABLE))
+        return call
+
     def _rewrite_transposed(self, call: relax.Call) -> relax.Expr | None:
         """``conv2d_transpose`` (NCHW, IOHW, one group) as a GEMM of every input pixel by
         ``W[C, (KH, KW, O)]``, then :func:`col2im`."""
@@ -170,6 +228,8 @@ class _Rewriter(relax.PyExprMutator):
         attrs = call.attrs
         layouts = (str(attrs.data_layout), str(attrs.kernel_layout),
                    str(attrs.out_layout) or str(attrs.data_layout))
+        if int(attrs.groups) != 1 and layouts == _NHWC:
+            return self._rewrite_depthwise(call)
         if int(attrs.groups) != 1 or layouts not in (_NHWC, _NCHW):
             return None
         x, weight = call.args
@@ -206,8 +266,9 @@ class _Rewriter(relax.PyExprMutator):
         if (kh, kw) == (1, 1) and strides == (1, 1) and not any(padding) and (oh, ow) == (h, wd):
             cols = bb.emit(relax.op.reshape(x, (n * h * wd, c)))
         else:
-            cols = bb.emit(bb.call_te(im2col, x, (kh, kw), strides, padding, dilation,
-                                      (oh, ow), primfunc_name_hint=IM2COL))
+            cols = bb.emit(self._not_inlined_into(bb.call_te(
+                im2col, x, (kh, kw), strides, padding, dilation, (oh, ow),
+                primfunc_name_hint=IM2COL)))
         w_mat = relax.const(np.ascontiguousarray(w.reshape(o, k).T))
         y = bb.emit(relax.op.matmul(cols, w_mat))
         return relax.op.reshape(y, (n, oh, ow, o))
