@@ -11,8 +11,8 @@ import pytest
 from onnx import TensorProto, helper
 
 import tvm_hybrid
+from tvm_hybrid import SpecializingModel
 from tvm_hybrid.errors import InputError, OptionError
-from tvm_hybrid.specializing_model import SpecializingModel
 
 
 def _mlp(batch="batch", seq="seq") -> onnx.ModelProto:

@@ -32,6 +32,7 @@ from .errors import (  # noqa: E402
 )
 from .host import describe_host, make_target  # noqa: E402
 from .pipeline import hybrid_pipeline, register  # noqa: E402
+from .specializing_model import SpecializingModel  # noqa: E402
 from .thread_pool import num_threads, set_num_threads  # noqa: E402
 from .tuning import tune  # noqa: E402
 
@@ -45,6 +46,7 @@ __all__ = [
     "InputError",
     "ModelLoadError",
     "OptionError",
+    "SpecializingModel",
     "TargetError",
     "TuningRecordsError",
     "TVMHybridError",
