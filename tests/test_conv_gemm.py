@@ -108,3 +108,27 @@ def test_transposed_conv_runs_as_gemm_and_col2im(case):
     names = compiled.kernel_names()
     assert [n for n in names if "col2im" in n] and not [n for n in names if "transpose" in n
                                                        and "conv2d" in n]
+
+
+@pytest.mark.parametrize("case", [dict(k=3, pads=[1, 1]), dict(k=5, strides=[2], pads=[2, 1]),
+                                  dict(k=3, dilations=[2]), dict(k=3, group=8, pads=[1, 1])],
+                         ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+def test_conv1d_runs_as_a_height_one_conv2d_and_matches(case):
+    """Audio models (silero VAD) are 1-D convolutions: the GEMM (or depthwise) kernel too."""
+    rng = np.random.default_rng(2)
+    k, group = case.pop("k"), case.get("group", 1)
+    w = (rng.standard_normal((8, 8 // group, k)) * 0.2).astype("float32")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "W"], ["y"], **case)], "conv1d",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8, 40])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(w, "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    x = rng.standard_normal((2, 8, 40)).astype("float32")
+    expected = ort.InferenceSession(model.SerializeToString(),
+                                    providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    compiled = tvm_hybrid.compile(model)
+    got = np.asarray(compiled(x=x))
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+    assert not [n for n in compiled.kernel_names() if "conv1d" in n or "conv2d" in n]

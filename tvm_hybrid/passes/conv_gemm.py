@@ -140,7 +140,8 @@ class ConvToGemm:
         # left operand, im2col copies whole channel vectors, the GEMM's output is the next
         # layer's input, and the layout changes stay at the ends of conv chains.
         # (TVM's pass cannot carry a layout through every op; then each convolution changes
-        # layout on its own, below.)
+        # layout on its own, below.) A 1-D convolution is first a 2-D one of height 1.
+        mod = rewrite_functions(mod, _Conv1dAs2d(mod))
         try:
             mod = relax.transform.ConvertLayout(_LAYOUTS)(mod)
         except Exception as err:  # noqa: BLE001 - TVM raises its C++ check failures
@@ -152,6 +153,30 @@ class ConvToGemm:
 def _pair(values) -> tuple[int, int]:
     values = [int(v) for v in values]
     return (values[0], values[0]) if len(values) == 1 else (values[0], values[1])
+
+
+@relax.expr_functor.mutator
+class _Conv1dAs2d(relax.PyExprMutator):
+    """``conv1d(x[N, C, W], w[O, C/g, KW])`` with a constant weight as
+    ``squeeze(conv2d(x[N, C, 1, W], w[O, C/g, 1, KW]), 2)``."""
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = self.visit_expr_post_order(call)
+        if not is_op(call, "relax.nn.conv1d"):
+            return call
+        attrs = call.attrs
+        x, weight = call.args
+        w = constant_value(self, weight)
+        if (str(attrs.data_layout) != "NCW" or str(attrs.kernel_layout) != "OIW"
+                or str(attrs.out_layout) not in ("NCW", "") or w is None or w.ndim != 3
+                or not is_static_tensor(x.ty, ("float32",), min_ndim=3)):
+            return call
+        pads = [int(p) for p in attrs.padding]
+        conv = relax.op.nn.conv2d(
+            relax.op.expand_dims(x, 2), relax.const(np.ascontiguousarray(w[:, :, None, :])),
+            strides=(1, int(attrs.strides[0])), padding=(0, pads[0], 0, pads[-1]),
+            dilation=(1, int(attrs.dilation[0])), groups=int(attrs.groups))
+        return relax.op.squeeze(self.builder_.emit(conv), [2])
 
 
 @relax.expr_functor.mutator
