@@ -29,6 +29,21 @@ def _conv_model(c=8, o=16, k=3, size=(13, 11), group=1, relu=True, **attrs):
     return model, x
 
 
+def _onnxruntime(model, x):
+    return ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+
+def _compiles_and_matches(model, x):
+    """Compile ``model``; its output on ``x`` matches ONNX Runtime's (relative 1e-4)."""
+    compiled = tvm_hybrid.compile(model)
+    expected = _onnxruntime(model, x)
+    got = np.asarray(compiled(x=x))
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+    return compiled
+
+
 CASES = [
     dict(k=1), dict(k=3, pads=[1, 1, 1, 1]), dict(k=3, strides=[2, 2], pads=[1, 1, 1, 1]),
     dict(k=5, pads=[2, 1, 0, 2]), dict(k=3, dilations=[2, 2], pads=[2, 2, 2, 2]),
@@ -40,12 +55,7 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
 def test_dense_conv_runs_on_the_gemm_template_and_matches(case):
     model, x = _conv_model(**case)
-    compiled = tvm_hybrid.compile(model)
-    expected = ort.InferenceSession(model.SerializeToString(),
-                                    providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    got = np.asarray(compiled(x=x))
-    assert got.shape == expected.shape
-    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+    compiled = _compiles_and_matches(model, x)
     gemms = {k.schedule for k in compiled.kernels.values() if "packed_matmul" in k.name}
     assert gemms == {"template"}
     assert not [n for n in compiled.kernel_names() if "conv2d" in n]
@@ -54,9 +64,8 @@ def test_dense_conv_runs_on_the_gemm_template_and_matches(case):
 def test_grouped_conv_keeps_its_path_and_matches():
     model, x = _conv_model(group=2, o=8, pads=[1, 1, 1, 1])
     compiled = tvm_hybrid.compile(model)
-    expected = ort.InferenceSession(model.SerializeToString(),
-                                    providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    np.testing.assert_allclose(np.asarray(compiled(x=x)), expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(compiled(x=x)), _onnxruntime(model, x), rtol=1e-4,
+                               atol=1e-4)
     assert [n for n in compiled.kernel_names() if "conv2d" in n]
     assert not [n for n in compiled.kernel_names() if "packed_matmul" in n]
 
@@ -68,12 +77,7 @@ def test_grouped_conv_keeps_its_path_and_matches():
                          ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
 def test_depthwise_conv_runs_its_unrolled_kernel_and_matches(case):
     model, x = _conv_model(group=8, c=8, o=8, **case)
-    compiled = tvm_hybrid.compile(model)
-    expected = ort.InferenceSession(model.SerializeToString(),
-                                    providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    got = np.asarray(compiled(x=x))
-    assert got.shape == expected.shape
-    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+    compiled = _compiles_and_matches(model, x)
     names = compiled.kernel_names()
     assert [n for n in names if "depthwise" in n] and not [n for n in names if "conv2d" in n]
 
@@ -99,12 +103,7 @@ def test_transposed_conv_runs_as_gemm_and_col2im(case):
         [onnx.numpy_helper.from_array(w, "W"), onnx.numpy_helper.from_array(b, "B")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     x = rng.standard_normal((2, 8, 7, 9)).astype("float32")
-    expected = ort.InferenceSession(model.SerializeToString(),
-                                    providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    compiled = tvm_hybrid.compile(model)
-    got = np.asarray(compiled(x=x))
-    assert got.shape == expected.shape
-    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+    compiled = _compiles_and_matches(model, x)
     names = compiled.kernel_names()
     assert [n for n in names if "col2im" in n] and not [n for n in names if "transpose" in n
                                                        and "conv2d" in n]
@@ -125,10 +124,5 @@ def test_conv1d_runs_as_a_height_one_conv2d_and_matches(case):
         [onnx.numpy_helper.from_array(w, "W")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     x = rng.standard_normal((2, 8, 40)).astype("float32")
-    expected = ort.InferenceSession(model.SerializeToString(),
-                                    providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    compiled = tvm_hybrid.compile(model)
-    got = np.asarray(compiled(x=x))
-    assert got.shape == expected.shape
-    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+    compiled = _compiles_and_matches(model, x)
     assert not [n for n in compiled.kernel_names() if "conv1d" in n or "conv2d" in n]

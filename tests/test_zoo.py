@@ -23,15 +23,6 @@ ort = pytest.importorskip("onnxruntime", reason="the comparisons need onnxruntim
 SLOW = {"layout", "captcha_ocr", "ocr_det"}
 
 
-def relative_errors(got: list[np.ndarray], expected: list[np.ndarray]) -> list[float]:
-    errors = []
-    for out, ref in zip(got, expected):
-        ref = np.asarray(ref, dtype=np.float64)
-        scale = float(np.max(np.abs(ref))) or 1.0
-        errors.append(float(np.max(np.abs(np.asarray(out, dtype=np.float64) - ref))) / scale)
-    return errors
-
-
 @pytest.mark.parametrize("entry", [
     pytest.param(m, id=m.name, marks=[pytest.mark.slow] if m.name in SLOW else [])
     for m in zoo.MODELS
@@ -51,7 +42,7 @@ def test_zoo_model_compiles_as_shipped_and_matches_onnxruntime(entry):
     assert len(got) == len(expected)
     for a, b in zip(got, expected):
         assert np.asarray(a).shape == b.shape
-    errors = relative_errors(got, expected)
+    errors = zoo.relative_errors(got, expected)
     assert max(errors) <= entry.tolerance, f"relative errors {errors}"
     if entry.kind.startswith("int8"):
         ours, theirs = np.asarray(got[0]), expected[0]

@@ -35,15 +35,6 @@ def _hybrid_runner(compiled):
     return run
 
 
-def _error(got, expected) -> float:
-    worst = 0.0
-    for out, ref in zip(got, expected):
-        ref = np.asarray(ref, dtype=np.float64)
-        scale = float(np.max(np.abs(ref))) or 1.0
-        worst = max(worst, float(np.max(np.abs(np.asarray(out, np.float64) - ref))) / scale)
-    return worst
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*")
@@ -97,7 +88,8 @@ def main() -> None:
             except Exception as err:  # noqa: BLE001 - loads but cannot run these inputs
                 del runners[p]
                 notes.append(f"{p} failed to run: {str(err).strip().splitlines()[0][:80]}")
-        error = _error(runners["hybrid"](feeds), reference) if reference else float("nan")
+        error = (max(zoo.relative_errors(runners["hybrid"](feeds), reference)) if reference
+                 else float("nan"))
         samples = time_interleaved(runners, feeds, rounds=args.rounds)
         ms = {p: float(np.median(s)) for p, s in samples.items()}
         speed = {p: ms[p] / ms["hybrid"] for p in others if p in ms}

@@ -96,15 +96,15 @@ def _fold_round(model: onnx.ModelProto, report: FoldReport) -> None:
 def _fold_graph(graph: onnx.GraphProto, outer: dict[str, np.ndarray], shapes: dict,
                 opsets, report: FoldReport) -> None:
     """Fold the nodes of ``graph`` (and of its subgraphs, which see the values around them)."""
-    known = dict(outer)
-    known.update((init.name, onnx.numpy_helper.to_array(init)) for init in graph.initializer)
+    known = dict(outer)  # name -> value: an array, or an initializer read when first needed
+    known.update((init.name, init) for init in graph.initializer)
     kept: list[onnx.NodeProto] = []
     folded = 0
     for node in graph.node:
         if node.op_type == "If" and node.input[0] in known:
             # A condition known at compile time (PyTorch's squeeze-if-size-1 pattern): the
             # taken branch's nodes replace the If, read by Identity nodes under its outputs.
-            branch = _taken_branch(node, bool(np.asarray(known[node.input[0]]).reshape(-1)[0]))
+            branch = _taken_branch(node, bool(_array(known, node.input[0]).reshape(-1)[0]))
             graph.initializer.extend(branch.initializer)
             kept.extend(branch.node)
             kept.extend(onnx.helper.make_node("Identity", [inner.name], [outer])
@@ -130,6 +130,15 @@ def _fold_graph(graph: onnx.GraphProto, outer: dict[str, np.ndarray], shapes: di
         graph.node.extend(kept)
         _keep_constant_outputs(graph, known)
         _drop_unused_initializers(graph)
+
+
+def _array(known: dict, name: str) -> np.ndarray:
+    """``known[name]`` as an array (an initializer is converted once, on first use: most
+    weights are never an input of a foldable node)."""
+    value = known[name]
+    if isinstance(value, onnx.TensorProto):
+        value = known[name] = onnx.numpy_helper.to_array(value)
+    return value
 
 
 def _taken_branch(node: onnx.NodeProto, condition: bool) -> onnx.GraphProto:
@@ -208,7 +217,7 @@ def _evaluate(node: onnx.NodeProto, known: dict[str, np.ndarray], opsets) -> lis
                for name in node.output if name]
     graph = onnx.helper.make_graph([node], "fold", inputs, outputs)
     model = onnx.helper.make_model(graph, opset_imports=opsets)
-    feeds = {v.name: known[v.name] for v in inputs}
+    feeds = {v.name: _array(known, v.name) for v in inputs}
     results = ReferenceEvaluator(model).run(None, feeds)
     if not all(isinstance(r, (np.ndarray, np.generic)) for r in results):
         raise TypeError("a sequence, map or optional value")  # only tensors become constants
@@ -221,7 +230,8 @@ def _keep_constant_outputs(graph: onnx.GraphProto, known: dict[str, np.ndarray])
     produced = {out for node in graph.node for out in node.output}
     for value in graph.output:
         if value.name not in produced and value.name in known:
-            tensor = onnx.numpy_helper.from_array(known[value.name], value.name + "_folded")
+            tensor = onnx.numpy_helper.from_array(_array(known, value.name),
+                                                  value.name + "_folded")
             graph.node.append(onnx.helper.make_node(
                 "Constant", [], [value.name], value=tensor))
 

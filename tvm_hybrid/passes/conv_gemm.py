@@ -39,7 +39,7 @@ DEPTHWISE = "hybrid_depthwise_conv"
 _OUT_ELEMWISE_FUSABLE = 4  # TVM's OpPatternKind kOutEWiseFusable
 #: Transposed and depthwise convolutions with more taps than this keep TVM's lowering (their
 #: kernels unroll the taps).
-_MAX_TRANSPOSED_TAPS = 25
+_MAX_TAPS = 25
 _NHWC = ("NHWC", "OHWI", "NHWC")
 _NCHW = ("NCHW", "OIHW", "NCHW")
 
@@ -155,6 +155,19 @@ def _pair(values) -> tuple[int, int]:
     return (values[0], values[0]) if len(values) == 1 else (values[0], values[1])
 
 
+def _fp32_operands(mutator: relax.PyExprMutator, call: relax.Call,
+                   ndim: int) -> tuple[relax.Expr, np.ndarray] | None:
+    """``(x, weight value)`` of a convolution whose input and output are static fp32 tensors of
+    rank ``ndim`` and whose weight is an fp32 constant of that rank; None otherwise."""
+    x, weight = call.args
+    w = constant_value(mutator, weight)
+    if (w is None or w.dtype != np.float32 or w.ndim != ndim
+            or not is_static_tensor(x.ty, ("float32",), min_ndim=ndim)
+            or not is_static_tensor(call.ty, ("float32",), min_ndim=ndim)):
+        return None
+    return x, w
+
+
 @relax.expr_functor.mutator
 class _Conv1dAs2d(relax.PyExprMutator):
     """``conv1d(x[N, C, W], w[O, C/g, KW])`` with a constant weight as
@@ -165,12 +178,11 @@ class _Conv1dAs2d(relax.PyExprMutator):
         if not is_op(call, "relax.nn.conv1d"):
             return call
         attrs = call.attrs
-        x, weight = call.args
-        w = constant_value(self, weight)
+        operands = _fp32_operands(self, call, ndim=3)
         if (str(attrs.data_layout) != "NCW" or str(attrs.kernel_layout) != "OIW"
-                or str(attrs.out_layout) not in ("NCW", "") or w is None or w.ndim != 3
-                or not is_static_tensor(x.ty, ("float32",), min_ndim=3)):
+                or str(attrs.out_layout) not in ("NCW", "") or operands is None):
             return call
+        x, w = operands
         pads = [int(p) for p in attrs.padding]
         conv = relax.op.nn.conv2d(
             relax.op.expand_dims(x, 2), relax.const(np.ascontiguousarray(w[:, :, None, :])),
@@ -192,17 +204,15 @@ class _Rewriter(relax.PyExprMutator):
 
     def _rewrite_depthwise(self, call: relax.Call) -> relax.Expr | None:
         """NHWC depthwise ``conv2d`` (one filter per channel) as :func:`depthwise_conv`."""
-        x, weight = call.args
-        w = constant_value(self, weight)
-        if (not is_static_tensor(x.ty, ("float32",), min_ndim=4) or w is None
-                or w.dtype != np.float32 or w.ndim != 4
-                or not is_static_tensor(call.ty, ("float32",), min_ndim=4)):
+        operands = _fp32_operands(self, call, ndim=4)
+        if operands is None:
             return None
+        x, w = operands
         channels = int(x.ty.shape.values[3])
         o, kh, kw, per_group = w.shape
         attrs = call.attrs
         if (int(attrs.groups) != channels or o != channels or per_group != 1
-                or kh * kw > _MAX_TRANSPOSED_TAPS):
+                or kh * kw > _MAX_TAPS):
             return None
         oh, ow = (int(d) for d in call.ty.shape.values[1:3])
         pads = [int(p) for p in attrs.padding]
@@ -228,15 +238,13 @@ class _Rewriter(relax.PyExprMutator):
                 or str(attrs.kernel_layout) != "IOHW"
                 or str(attrs.out_layout) not in ("NCHW", "")):
             return None
-        x, weight = call.args
-        w = constant_value(self, weight)
-        if (not is_static_tensor(x.ty, ("float32",), min_ndim=4) or w is None
-                or w.dtype != np.float32 or w.ndim != 4
-                or not is_static_tensor(call.ty, ("float32",), min_ndim=4)):
+        operands = _fp32_operands(self, call, ndim=4)
+        if operands is None:
             return None
+        x, w = operands
         n, c, h, wd = (int(d) for d in x.ty.shape.values)
         _, o, kh, kw = w.shape
-        if kh * kw > _MAX_TRANSPOSED_TAPS:
+        if kh * kw > _MAX_TAPS:
             return None
         oh, ow = (int(d) for d in call.ty.shape.values[2:])
         pads = [int(p) for p in attrs.padding]
@@ -257,17 +265,12 @@ class _Rewriter(relax.PyExprMutator):
             return self._rewrite_depthwise(call)
         if int(attrs.groups) != 1 or layouts not in (_NHWC, _NCHW):
             return None
-        x, weight = call.args
-        if not is_static_tensor(x.ty, ("float32",), min_ndim=4):
+        operands = _fp32_operands(self, call, ndim=4)
+        if operands is None:
             return None
-        w = constant_value(self, weight)
-        if w is None or w.dtype != np.float32 or w.ndim != 4:
-            return None
-        out_ty = call.ty
-        if not is_static_tensor(out_ty, ("float32",), min_ndim=4):
-            return None
+        x, w = operands
         bb = self.builder_
-        out_shape = [int(d) for d in out_ty.shape.values]
+        out_shape = [int(d) for d in call.ty.shape.values]
         if layouts == _NCHW:  # to NHWC and back around the GEMM
             x = bb.emit(relax.op.permute_dims(x, [0, 2, 3, 1]))
             w = w.transpose(0, 2, 3, 1)

@@ -226,6 +226,16 @@ MODELS: tuple[ZooModel, ...] = (
 BY_NAME = {model.name: model for model in MODELS}
 
 
+def relative_errors(got, expected) -> list[float]:
+    """``max|got - expected| / max|expected|`` for each output (the zoo's tolerance measure)."""
+    errors = []
+    for out, ref in zip(got, expected):
+        ref = np.asarray(ref, dtype=np.float64)
+        scale = float(np.max(np.abs(ref))) or 1.0
+        errors.append(float(np.max(np.abs(np.asarray(out, dtype=np.float64) - ref))) / scale)
+    return errors
+
+
 def zoo_dir(path: str | os.PathLike | None = None) -> Path:
     """Where zoo models live: ``path``, else ``TVM_HYBRID_ZOO_DIR``, else ``./models``."""
     return Path(path or os.environ.get(ZOO_VARIABLE) or "models")
