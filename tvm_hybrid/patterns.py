@@ -9,17 +9,18 @@ stage      matches (``y`` is the previous value)                           check
 ========== =============================================================== ==================
 bias       ``y + b``, ``b`` a constant broadcast along the last axis       :func:`check_bias`
 scale      ``y * c`` or ``y / c``, ``c`` a scalar constant                 :func:`check_scale`
-relu       ``relu(y)``                                                     --
 gelu_erf   ``gelu(y)``, or ``y * (erf(y / c) + 1) * 0.5`` (ONNX export)    --
 gelu_tanh  ``gelu_tanh(y)``, or the tanh formula of ONNX exports           --
-sigmoid    ``sigmoid(y)``                                                  --
-tanh       ``tanh(y)``                                                     --
+pointwise  up to six elementwise steps: unary ops, ops with a constant,    :func:`check_pointwise`
+           gates ``y * v`` (ReLU, clips, SiLU, HardSwish, HardSigmoid...)
 residual   ``y + r``, ``r`` a tensor broadcasting to the output          :func:`check_residual`
+then       a pointwise chain after the residual (ResNet's ReLU)            :func:`check_pointwise`
 ========== =============================================================== ==================
 
-:func:`gemm_patterns` combines them in the order bias, scale, activation, residual (each
-optional), longest chains first, into ``FuseOpsByPattern`` patterns anchored on ``matmul`` or
-on the packed GEMM of ``passes/prepack.py``.
+:func:`gemm_patterns` combines them in the order bias, scale, activation, residual, then
+(each optional, ``then`` only after a residual), longest chains first, into
+``FuseOpsByPattern`` patterns anchored on ``matmul`` or on the packed GEMM of
+``passes/prepack.py``.
 Every pattern's check also runs :func:`check_gemm` (fp32, static shapes) and refuses a group
 whose intermediate values are used outside it.
 """
@@ -46,7 +47,7 @@ class EpilogueStage:
     """One step of a GEMM epilogue: how to match it after ``y``, and when it is allowed."""
 
     name: str
-    kind: str  # "bias" | "scale" | "activation" | "residual": stages combine in this order
+    kind: str  # "bias" | "scale" | "activation" | "residual" | "post": combined in this order
     build: Callable[[DFPattern, str], tuple[DFPattern, dict[str, DFPattern]]]
     check: Check | None = None
 
@@ -137,13 +138,61 @@ def _gelu_tanh(y, _p):
     return is_op("relax.nn.gelu_tanh")(y) | exported, {}
 
 
+#: Elementwise ops a pointwise activation chains: unary ones, and binary ones whose other
+#: operand is a constant (a scalar, or a vector along the output's last axis).
+_POINTWISE_UNARY = ("relax.sigmoid", "relax.tanh", "relax.nn.relu", "relax.nn.silu",
+                    "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.leakyrelu", "relax.clip",
+                    "relax.erf", "relax.exp")
+_POINTWISE_BINARY = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide",
+                     "relax.maximum", "relax.minimum")
+#: The longest pointwise chain an epilogue takes (HardSwish as exported: five ops).
+MAX_POINTWISE = 6
+
+
+def _pointwise(y, p):
+    """A chain of up to :data:`MAX_POINTWISE` elementwise steps on ``y``, each a unary op, a
+    binary op with a constant, or a gate ``y * v`` by the stage's input (SiLU, HardSwish,
+    HardSigmoid times ``x``, clips and their many exported spellings). Longest first."""
+    chains, constants = [], {}
+    for length in range(MAX_POINTWISE, 0, -1):
+        v = y
+        for step in range(length):
+            const = is_const()
+            constants[f"{p}c{length}_{step}"] = const
+            v = (_any_op(_POINTWISE_UNARY)(v)
+                 | _any_op(_POINTWISE_BINARY)(v, const) | _any_op(_POINTWISE_BINARY)(const, v)
+                 | is_op("relax.multiply")(y, v) | is_op("relax.multiply")(v, y))
+        chains.append(v)
+    pattern = chains[0]
+    for chain in chains[1:]:
+        pattern = pattern | chain
+    return pattern, constants
+
+
+def _any_op(names: tuple[str, ...]):
+    def build(*args):
+        pattern = is_op(names[0])(*args)
+        for name in names[1:]:
+            pattern = pattern | is_op(name)(*args)
+        return pattern
+    return build
+
+
+def check_pointwise(context: PatternCheckContext, prefix: str) -> bool:
+    """A pointwise chain's constants broadcast to the output without growing it."""
+    out = _static_shape(context.matched_expr)
+    for name, expr in context.annotated_expr.items():
+        if name.startswith(prefix + "c"):
+            shape = _static_shape(expr)
+            if shape is None or out is None or len(shape) > len(out) or not all(
+                    d in (1, o) for d, o in zip(shape[::-1], out[::-1])):
+                return False
+    return True
+
+
 def _residual(y, p):
     residual = wildcard()
     return is_op("relax.add")(y, residual), {p + "residual": residual}
-
-
-def _unary(op: str):
-    return lambda y, _p: (is_op(op)(y), {})
 
 
 #: The epilogue stages, by name.
@@ -152,22 +201,22 @@ STAGES: dict[str, EpilogueStage] = {
     for s in (
         EpilogueStage("bias", "bias", _bias, check_bias),
         EpilogueStage("scale", "scale", _scale, check_scale),
-        EpilogueStage("relu", "activation", _unary("relax.nn.relu")),
         EpilogueStage("gelu_erf", "activation", _gelu_erf),
         EpilogueStage("gelu_tanh", "activation", _gelu_tanh),
-        EpilogueStage("sigmoid", "activation", _unary("relax.sigmoid")),
-        EpilogueStage("tanh", "activation", _unary("relax.tanh")),
+        EpilogueStage("pointwise", "activation", _pointwise, check_pointwise),
         EpilogueStage("residual", "residual", _residual, check_residual),
+        EpilogueStage("then", "post", _pointwise, check_pointwise),
     )
 }
 
-_ORDER = ("bias", "scale", "activation", "residual")
+_ORDER = ("bias", "scale", "activation", "residual", "post")
 
 
 def gemm_patterns() -> list[FusionPattern]:
     """Every anchor + epilogue chain, longest first, as ``FuseOpsByPattern`` patterns."""
     choices = [[None, *[s for s in STAGES.values() if s.kind == kind]] for kind in _ORDER]
-    chains = [tuple(s for s in combo if s is not None) for combo in itertools.product(*choices)]
+    chains = [tuple(s for s in combo if s is not None) for combo in itertools.product(*choices)
+              if combo[-1] is None or combo[-2] is not None]  # "post" only after a residual
     chains.sort(key=len, reverse=True)
     return [_make_pattern(chain) for chain in chains if chain]
 

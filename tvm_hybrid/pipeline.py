@@ -19,10 +19,12 @@ from .passes import (
     ConvToGemm,
     FastMath,
     FoldQDQ,
+    FoldScalesIntoWeights,
     FuseGemmEpilogues,
     IntegerGemmToVNNI,
     PrepackBF16,
     PrepackConstantWeights,
+    SinkReshapes,
 )
 from .schedules import default_rules
 
@@ -118,6 +120,10 @@ def graph_passes(target: Target, precision: str = "fp32",
     """
     return [
         ConvToGemm(target),
+        # Reshapes after GEMMs (a convolution's output) out of the way of their epilogues,
+        # then BatchNorm-like scales and shifts into the weights (before they are packed).
+        SinkReshapes(),
+        FoldScalesIntoWeights(),
         IntegerGemmToVNNI(target),
         PrepackBF16(target, convert_fp32=precision == "bf16"),
         PrepackConstantWeights(target),

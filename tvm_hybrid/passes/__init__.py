@@ -4,18 +4,22 @@ from .bf16 import PrepackBF16
 from .check_indices import CheckIndices
 from .conv_gemm import ConvToGemm
 from .fast_math import FastMath
+from .fold_scales import FoldScalesIntoWeights
 from .fuse_epilogues import FuseGemmEpilogues
 from .integer_gemm import IntegerGemmToVNNI
 from .prepack import PrepackConstantWeights
 from .qdq import FoldQDQ
+from .sink_reshapes import SinkReshapes
 
 __all__ = [
     "CheckIndices",
     "ConvToGemm",
     "FastMath",
+    "FoldScalesIntoWeights",
     "FoldQDQ",
     "FuseGemmEpilogues",
     "IntegerGemmToVNNI",
     "PrepackBF16",
     "PrepackConstantWeights",
+    "SinkReshapes",
 ]

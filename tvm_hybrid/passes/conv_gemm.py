@@ -28,6 +28,7 @@ import logging
 import numpy as np
 import tvm
 from tvm import relax, te, tirx
+from tvm.script import tirx as T
 from tvm.target import Target
 
 from ..errors import first_line
@@ -51,30 +52,47 @@ _LAYOUTS = {"relax.nn.conv2d": ["NHWC", "OHWI"],
 logger = logging.getLogger(__name__)
 
 
-def im2col(x: te.Tensor, kernel: tuple[int, int], strides: tuple[int, int],
-           padding: tuple[int, int, int, int], dilation: tuple[int, int],
-           out_hw: tuple[int, int]) -> te.Tensor:
-    """``x[N, H, W, C]`` to ``X_col[N * OH * OW, KH * KW * C]`` (zero in the padding).
+def im2col(x_shape: tuple[int, int, int, int], kernel: tuple[int, int],
+           strides: tuple[int, int], padding: tuple[int, int, int, int],
+           dilation: tuple[int, int], out_hw: tuple[int, int]) -> tirx.PrimFunc:
+    """The PrimFunc ``x[N, H, W, C]`` to ``X_col[N * OH * OW, KH * KW * C]`` (zero in the
+    padding).
 
-    Channels are innermost on both sides, so each row is ``KH * KW`` contiguous copies.
+    Channels are innermost on both sides, so each row is ``KH * KW`` contiguous copies of
+    ``C`` values: scheduled here, parallel over rows, the source pixel computed once per tap
+    and copied along ``c`` (vectorised), not once per element with divisions.
     """
-    n, h, w, c = (int(d) for d in x.shape)
+    n, h, w, c = x_shape
     kh, kw = kernel
     oh, ow = out_hw
+    sh, sw = strides
+    dh, dw = dilation
     top, left = padding[0], padding[1]
+    zero = tirx.const(0.0, "float32")
 
-    def value(row, col):
-        b, rest = row // (oh * ow), row % (oh * ow)
-        y, xo = rest // ow, rest % ow
-        k, ch = col // c, col % c
-        iy = y * strides[0] + (k // kw) * dilation[0] - top
-        ix = xo * strides[1] + (k % kw) * dilation[1] - left
-        inside = tirx.all(iy >= 0, iy < h, ix >= 0, ix < w)
-        return tirx.if_then_else(inside, x[b, tirx.max(tirx.min(iy, h - 1), 0),
-                                           tirx.max(tirx.min(ix, w - 1), 0), ch],
-                                 tirx.const(0.0, x.dtype))
+    @T.prim_func(private=True, s_tir=True)
+    def func(x: T.Buffer((n, h, w, c), "float32"),
+             cols: T.Buffer((n * oh * ow, kh * kw * c), "float32")):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True,
+                     "op_pattern": _OUT_ELEMWISE_FUSABLE})
+        with T.sblock("root"):
+            T.reads(x[0:n, 0:h, 0:w, 0:c])
+            T.writes(cols[0:n * oh * ow, 0:kh * kw * c])
+            for row in T.parallel(n * oh * ow):
+                for ky, kx in T.grid(kh, kw):
+                    if ((row // ow) % oh * sh + ky * dh >= top
+                            and (row // ow) % oh * sh + ky * dh < h + top
+                            and row % ow * sw + kx * dw >= left
+                            and row % ow * sw + kx * dw < w + left):
+                        for ch in T.vectorized(c):
+                            cols[row, (ky * kw + kx) * c + ch] = x[
+                                row // (oh * ow), (row // ow) % oh * sh + ky * dh - top,
+                                row % ow * sw + kx * dw - left, ch]
+                    else:
+                        for ch in T.vectorized(c):
+                            cols[row, (ky * kw + kx) * c + ch] = zero
 
-    return te.compute((n * oh * ow, kh * kw * c), value, name="im2col")
+    return func
 
 
 def col2im(cols: te.Tensor, batch: int, in_hw: tuple[int, int], kernel: tuple[int, int],
@@ -140,8 +158,10 @@ class ConvToGemm:
         # left operand, im2col copies whole channel vectors, the GEMM's output is the next
         # layer's input, and the layout changes stay at the ends of conv chains.
         # (TVM's pass cannot carry a layout through every op; then each convolution changes
-        # layout on its own, below.) A 1-D convolution is first a 2-D one of height 1.
+        # layout on its own, below.) A 1-D convolution is first a 2-D one of height 1, and
+        # ``clip`` (no layout rule in TVM: a transpose each side) is maximum and minimum.
         mod = rewrite_functions(mod, _Conv1dAs2d(mod))
+        mod = rewrite_functions(mod, _ClipAsMinMax(mod))
         try:
             mod = relax.transform.ConvertLayout(_LAYOUTS)(mod)
         except Exception as err:  # noqa: BLE001 - TVM raises its C++ check failures
@@ -189,6 +209,27 @@ class _Conv1dAs2d(relax.PyExprMutator):
             strides=(1, int(attrs.strides[0])), padding=(0, pads[0], 0, pads[-1]),
             dilation=(1, int(attrs.dilation[0])), groups=int(attrs.groups))
         return relax.op.squeeze(self.builder_.emit(conv), [2])
+
+
+@relax.expr_functor.mutator
+class _ClipAsMinMax(relax.PyExprMutator):
+    """Float ``clip(x, lo, hi)`` as ``minimum(maximum(x, lo), hi)``, ops ``ConvertLayout``
+    carries the layout through."""
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = self.visit_expr_post_order(call)
+        if not is_op(call, "relax.clip") or not is_static_tensor(
+                call.ty, ("float32",), min_ndim=1):
+            return call
+        lo, hi = (_number(arg) for arg in call.args[1:])
+        low = relax.op.maximum(call.args[0], relax.const(lo, "float32"))
+        return relax.op.minimum(self.builder_.emit(low), relax.const(hi, "float32"))
+
+
+def _number(value) -> float:
+    """A ``PrimValue``'s number (its ``value`` is a Python number or an ``IntImm``/``FloatImm``)."""
+    value = value.value
+    return float(getattr(value, "value", value))
 
 
 @relax.expr_functor.mutator
@@ -294,9 +335,9 @@ class _Rewriter(relax.PyExprMutator):
         if (kh, kw) == (1, 1) and strides == (1, 1) and not any(padding) and (oh, ow) == (h, wd):
             cols = bb.emit(relax.op.reshape(x, (n * h * wd, c)))
         else:
-            cols = bb.emit(self._not_inlined_into(bb.call_te(
-                im2col, x, (kh, kw), strides, padding, dilation, (oh, ow),
-                primfunc_name_hint=IM2COL)))
+            func = im2col((n, h, wd, c), (kh, kw), strides, padding, dilation, (oh, ow))
+            cols = bb.emit(relax.call_tir(bb.add_func(func, IM2COL), [x], relax.TensorType(
+                (n * oh * ow, k), "float32")))
         w_mat = relax.const(np.ascontiguousarray(w.reshape(o, k).T))
         y = bb.emit(relax.op.matmul(cols, w_mat))
         return relax.op.reshape(y, (n, oh, ow, o))

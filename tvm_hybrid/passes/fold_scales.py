@@ -1,0 +1,172 @@
+"""``FoldScalesIntoWeights``: per-channel scales and shifts after a GEMM into its weight and bias.
+
+An inference BatchNorm after a convolution is ``(y - mean) / sqrt(var + eps) * gamma + beta``
+(``DecomposeOpsForInference`` leaves four ops; paddle2onnx exports it as ``Mul`` and ``Add``).
+Once the convolution is ``matmul(x, W)`` with a constant ``W[K, N]`` (``passes/conv_gemm.py``)
+and reshapes are out of the way (``passes/sink_reshapes.py``), every channel-wise constant
+folds into the weight and one bias::
+
+    matmul(x, W) * c          ->  matmul(x, W * c)       (/ c likewise)
+    (y + b) * c               ->  y * c + b * c          (/ c likewise; y - b is y + (-b))
+    (y + b1) + b2             ->  y + (b1 + b2)
+
+with ``c`` and ``b`` constants of shape ``[N]`` (or broadcasting only along the last axis, or
+scalars). The depthwise kernel's taps ``[KH, KW, C]`` scale the same way. What remains is the
+GEMM and a bias, which the epilogue patterns fuse. A GEMM or partial sum used elsewhere too
+is left alone (rewriting it would compute it twice).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.ir.prim.expr import IntImm
+
+from .conv_gemm import DEPTHWISE
+from .relax_rewrite import bound_value, constant_value, is_op, rewrite_functions
+
+
+@tvm.transform.module_pass(opt_level=0, name="FoldScalesIntoWeights")
+class FoldScalesIntoWeights:
+    """Fold channel-wise constant scales and shifts into GEMM weights (see the module doc)."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        return rewrite_functions(mod, _Folder(mod), eliminate_dead_code=True)
+
+
+def _single_use(func: relax.Function) -> set[relax.Var]:
+    """The variables of ``func`` that exactly one binding reads (and the output does not)."""
+    counts: dict[relax.Var, int] = {}
+    body = func.body
+    values = [binding.value for block in body.blocks for binding in block.bindings]
+    for value in [*values, body.body]:
+        for var in relax.analysis.free_vars(value):
+            counts[var] = counts.get(var, 0) + 1
+    outputs = set(relax.analysis.free_vars(body.body))
+    return {var for var, n in counts.items() if n == 1 and var not in outputs}
+
+
+@relax.expr_functor.mutator
+class _Folder(relax.PyExprMutator):
+    def __init__(self, mod: tvm.IRModule):
+        super().__init__(mod)
+        self._single_use: set[relax.Var] = set()
+
+    def visit_function_(self, func: relax.Function) -> relax.Expr:
+        self._single_use = _single_use(func)
+        return super().visit_function_(func)
+
+    def _emit(self, expr: relax.Expr) -> relax.Var:
+        """Bind ``expr``; the new variable has one reader, the expression built on it."""
+        var = self.builder_.emit(expr)
+        self._single_use.add(var)
+        return var
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = self.visit_expr_post_order(call)
+        for name, sign in (("relax.multiply", 1), ("relax.divide", -1)):
+            if is_op(call, name):
+                folded = self._scale(call, sign)
+                if folded is not None:
+                    return folded
+        if is_op(call, "relax.add") or is_op(call, "relax.subtract"):
+            folded = self._shift(call)
+            if folded is not None:
+                return folded
+        return call
+
+    def _channel_constant(self, expr: relax.Expr, channels: int) -> np.ndarray | None:
+        """``expr`` as a float32 vector of ``channels`` (a scalar broadcast), or None."""
+        value = constant_value(self, expr)
+        if value is None or value.dtype != np.float32:
+            return None
+        if value.size == 1:
+            return np.full(channels, value.reshape(()), np.float32)
+        if value.ndim >= 1 and value.shape[-1] == channels and value.size == channels:
+            return value.reshape(-1)
+        return None
+
+    def _channels(self, call: relax.Call) -> int | None:
+        ty = call.ty
+        if not isinstance(ty, relax.TensorType) or ty.shape is None or str(ty.dtype) != "float32":
+            return None
+        last = ty.shape.values[-1] if ty.ndim >= 1 else None
+        return int(last) if isinstance(last, IntImm) else None
+
+    def _scale(self, call: relax.Call, sign: int) -> relax.Expr | None:
+        """``y * c`` (``sign`` 1) or ``y / c`` (-1) pushed into ``y``'s weight."""
+        channels = self._channels(call)
+        if channels is None:
+            return None
+        y, c = call.args
+        scale = self._channel_constant(c, channels)
+        if scale is None and sign == 1:  # c * y
+            c, y = call.args
+            scale = self._channel_constant(c, channels)
+        if scale is None or not np.all(np.isfinite(scale)) or not np.all(scale != 0):
+            return None
+        return self._scaled(y, scale if sign == 1 else 1 / scale)
+
+    def _scaled(self, y: relax.Expr, scale: np.ndarray) -> relax.Expr | None:
+        """``y * scale`` as a new expression without the multiply, or None."""
+        if not isinstance(y, relax.Var) or y not in self._single_use:
+            return None
+        value = bound_value(self, y)
+        if is_op(value, "relax.matmul"):
+            x, weight = value.args
+            w = constant_value(self, weight)
+            if w is None or w.dtype != np.float32 or w.ndim != 2 or w.shape[1] != scale.size:
+                return None
+            return relax.op.matmul(x, relax.const(np.ascontiguousarray(w * scale)))
+        if is_op(value, "relax.call_tir") and value.args[0].name_hint.startswith(DEPTHWISE):
+            x, taps = value.args[1].fields
+            t = constant_value(self, taps)
+            if t is None or t.shape[-1] != scale.size:
+                return None
+            return relax.call_tir(value.args[0], [x, relax.const(t * scale)], value.ty)
+        if is_op(value, "relax.add"):
+            inner, bias = value.args
+            b = self._channel_constant(bias, scale.size)
+            if b is None:
+                inner, bias = bias, inner
+                b = self._channel_constant(bias, scale.size)
+            if b is None:
+                return None
+            scaled = self._scaled(inner, scale)
+            if scaled is None:
+                return None
+            return relax.op.add(self._emit(scaled), relax.const(b * scale))
+        return None
+
+    def _shift(self, call: relax.Call) -> relax.Expr | None:
+        """``(y + b1) + b2`` as ``y + (b1 + b2)``; ``y - b`` as ``y + (-b)`` when ``y`` is a
+        GEMM (so that it can fold on)."""
+        channels = self._channels(call)
+        if channels is None:
+            return None
+        y, b = call.args
+        shift = self._channel_constant(b, channels)
+        subtract = is_op(call, "relax.subtract")
+        if shift is None and not subtract:
+            b, y = call.args
+            shift = self._channel_constant(b, channels)
+        if shift is None:
+            return None
+        shift = -shift if subtract else shift
+        value = bound_value(self, y)
+        if isinstance(y, relax.Var) and y in self._single_use and is_op(value, "relax.add"):
+            inner, first = value.args
+            b1 = self._channel_constant(first, channels)
+            if b1 is None:
+                first, inner = value.args
+                b1 = self._channel_constant(first, channels)
+            if b1 is not None:
+                return relax.op.add(inner, relax.const(b1 + shift))
+        if subtract and self._is_weighted(value):
+            return relax.op.add(y, relax.const(shift))
+        return None
+
+    def _is_weighted(self, value: relax.Expr) -> bool:
+        return is_op(value, "relax.matmul") or (
+            is_op(value, "relax.call_tir") and value.args[0].name_hint.startswith(DEPTHWISE))
