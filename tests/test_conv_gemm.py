@@ -4,6 +4,8 @@ grouped and depthwise convolutions keep their own path and stay right."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 import pytest
@@ -56,9 +58,13 @@ CASES = [
 def test_dense_conv_runs_on_the_gemm_template_and_matches(case):
     model, x = _conv_model(**case)
     compiled = _compiles_and_matches(model, x)
-    gemms = {k.schedule for k in compiled.kernels.values() if "packed_matmul" in k.name}
+    gemms = {k.schedule for k in compiled.kernels.values() if _on_the_engine(k.name)}
     assert gemms == {"template"}
     assert not [n for n in compiled.kernel_names() if "conv2d" in n]
+
+
+def _on_the_engine(name: str) -> bool:
+    return "packed_matmul" in name or "direct_conv" in name
 
 
 def test_grouped_conv_keeps_its_path_and_matches():
@@ -67,7 +73,7 @@ def test_grouped_conv_keeps_its_path_and_matches():
     np.testing.assert_allclose(np.asarray(compiled(x=x)), _onnxruntime(model, x), rtol=1e-4,
                                atol=1e-4)
     assert [n for n in compiled.kernel_names() if "conv2d" in n]
-    assert not [n for n in compiled.kernel_names() if "packed_matmul" in n]
+    assert not [n for n in compiled.kernel_names() if _on_the_engine(n)]
 
 
 @pytest.mark.parametrize("case", [dict(k=3, pads=[1, 1, 1, 1]),
@@ -126,3 +132,32 @@ def test_conv1d_runs_as_a_height_one_conv2d_and_matches(case):
     x = rng.standard_normal((2, 8, 40)).astype("float32")
     compiled = _compiles_and_matches(model, x)
     assert not [n for n in compiled.kernel_names() if "conv1d" in n or "conv2d" in n]
+
+
+@pytest.mark.parametrize("case", [dict(k=3, pads=[1, 1, 1, 1], size=(12, 12), c=16, o=24),
+                                  dict(k=3, dilations=[2, 2], size=(14, 16), c=16, o=40),
+                                  dict(k=5, pads=[2, 2, 2, 2], size=(9, 8), c=8, o=32)],
+                         ids=["3x3", "dilated", "5x5"])
+def test_stride_one_conv_runs_direct_without_im2col(case):
+    model, x = _conv_model(**case)
+    compiled = _compiles_and_matches(model, x)
+    (conv,) = [k for k in compiled.kernels.values() if "direct_conv" in k.name]
+    assert conv.schedule == "template" and "direct convolution" in conv.detail
+    assert not [n for n in compiled.kernel_names() if "im2col" in n]
+
+
+def test_direct_conv_is_declined_where_no_microkernel_tiles_the_rows():
+    # 17 pixels per row: no fp32 microkernel with at least 4 rows divides it, so im2col.
+    model, x = _conv_model(k=3, pads=[1, 1, 1, 1], size=(6, 17), c=16, o=16)
+    compiled = _compiles_and_matches(model, x)
+    assert not [n for n in compiled.kernel_names() if "direct_conv" in n]
+    assert [n for n in compiled.kernel_names() if "im2col" in n]
+
+
+@pytest.mark.parametrize("mcpu,register", [("haswell", "ymm"), ("znver5", "zmm")])
+def test_direct_conv_assembly_uses_the_isa_fma(mcpu, register):
+    model, _ = _conv_model(k=3, pads=[1, 1, 1, 1], size=(12, 12), c=16, o=32)
+    compiled = tvm_hybrid.compile(model, target={"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
+    (conv,) = [k for k in compiled.kernels.values() if "direct_conv" in k.name]
+    assert conv.schedule == "template"
+    assert re.search(rf"vfmadd\d+ps\s+[^\n]*%{register}", compiled.inspect_source("asm"))

@@ -37,6 +37,7 @@ from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 from tvm.relax.transform import FusionPattern, PatternCheckContext
 
+from .passes.conv_gemm import DIRECT_CONV
 from .passes.prepack import PACKED_MATMUL
 
 Check = Callable[[PatternCheckContext, str], bool]
@@ -70,11 +71,11 @@ def check_gemm(context: PatternCheckContext) -> bool:
     """The anchor: fp32 GEMM on static shapes, nothing leaking out of the group.
 
     The anchor is a ``matmul`` or, once ``PrepackConstantWeights`` has run, a ``call_tir`` of
-    its packed GEMM.
+    its packed GEMM, or of the direct convolution of ``passes/conv_gemm.py``.
     """
     call = context.annotated_expr["gemm"]
     if call.op.name == "relax.call_tir":
-        if not call.args[0].name_hint.startswith(PACKED_MATMUL):
+        if not call.args[0].name_hint.startswith((PACKED_MATMUL, DIRECT_CONV)):
             return False
         operands = list(call.args[1].fields)
     else:

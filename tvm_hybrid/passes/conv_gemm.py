@@ -1,4 +1,4 @@
-"""``ConvToGemm``: fp32 convolutions with constant weights onto the GEMM engine (im2col).
+"""``ConvToGemm``: fp32 convolutions with constant weights onto the GEMM engine.
 
 Convolutions first move to NHWC activations and OHWI weights (TVM's ``ConvertLayout``, which
 carries the layout through elementwise ops and puts one layout change at each end of a conv
@@ -10,6 +10,11 @@ with ``X_col`` gathered from ``x`` (zero outside the padding; ``x`` itself, resh
 1x1, stride-1, unpadded convolution) and ``W_mat = W.reshape(O, -1).T`` a constant, which
 ``PrepackConstantWeights`` packs for the microkernel like any GEMM weight. ``Y`` reshaped is
 the NHWC output, so the bias and activation after it fuse as the GEMM's epilogue.
+
+A stride-1 convolution whose output rows a microkernel tiles skips ``X_col`` (``KH * KW``
+times the input, written and read back): :func:`direct_conv` on the zero-padded input, which
+``schedules/conv_template.py`` schedules as a batch-reduce GEMM over the taps with the
+weights packed here (:func:`pack_conv_weight`).
 
 TVM's own conv2d lowering runs at about 1% of the FMA peak on the fallback schedule; this puts
 dense convolutions on the template. A depthwise convolution (no reduction across channels
@@ -32,9 +37,13 @@ from tvm.script import tirx as T
 from tvm.target import Target
 
 from ..errors import first_line
+from ..heuristics import panel_width
+from ..microkernels import fp32_microkernels
+from ..schedules.conv_template import DIRECT_CONV_BLOCK, choose_conv_kernel
 from .relax_rewrite import constant_value, is_op, is_static_tensor, rewrite_functions
 
 IM2COL = "hybrid_im2col"
+DIRECT_CONV = "hybrid_direct_conv"
 COL2IM = "hybrid_col2im"
 DEPTHWISE = "hybrid_depthwise_conv"
 _OUT_ELEMWISE_FUSABLE = 4  # TVM's OpPatternKind kOutEWiseFusable
@@ -42,6 +51,8 @@ _OUT_ELEMWISE_FUSABLE = 4  # TVM's OpPatternKind kOutEWiseFusable
 #: kernels unroll the taps).
 _MAX_TAPS = 25
 _NHWC = ("NHWC", "OHWI", "NHWC")
+#: Fewer input channels than this per tap keep im2col (the microkernel's K would be too short).
+_MIN_DIRECT_DEPTH = 8
 _NCHW = ("NCHW", "OIHW", "NCHW")
 
 #: What ``ConvertLayout`` is asked for; transposed convolutions stay NCHW (the only layout
@@ -93,6 +104,37 @@ def im2col(x_shape: tuple[int, int, int, int], kernel: tuple[int, int],
                             cols[row, (ky * kw + kx) * c + ch] = zero
 
     return func
+
+
+def pack_conv_weight(w: np.ndarray, nr: int) -> np.ndarray:
+    """OHWI ``w[O, KH, KW, C]`` to ``W[ceil(O / nr), KH, KW, C, nr]`` (zero-padded channels):
+    for each panel of ``nr`` output channels and each tap, the ``C x nr`` matrix the
+    microkernel streams, contiguous."""
+    o, kh, kw, c = w.shape
+    panels = -(-o // nr)
+    padded = np.zeros((panels * nr, kh, kw, c), w.dtype)
+    padded[:o] = w
+    return np.ascontiguousarray(padded.reshape(panels, nr, kh, kw, c).transpose(0, 2, 3, 4, 1))
+
+
+def direct_conv(xp: te.Tensor, packed: te.Tensor, dilation: tuple[int, int],
+                out_hw: tuple[int, int], channels: int) -> te.Tensor:
+    """The stride-1 NHWC convolution of the padded ``xp[N, H, W, C]`` by
+    :func:`pack_conv_weight`'s ``packed``, ``channels`` outputs: the direct template's compute
+    (``schedules/conv_template.py``)."""
+    panels, kh, kw, c, nr = (int(d) for d in packed.shape)
+    ky = te.reduce_axis((0, kh), name="ky")
+    kx = te.reduce_axis((0, kw), name="kx")
+    rc = te.reduce_axis((0, c), name="rc")
+    out = te.compute(
+        (int(xp.shape[0]), *out_hw, panels * nr),
+        lambda b, y, x, o: te.sum(
+            xp[b, y + ky * dilation[0], x + kx * dilation[1], rc]
+            * packed[o // nr, ky, kx, rc, o % nr], axis=[ky, kx, rc]),
+        name=DIRECT_CONV_BLOCK)
+    if panels * nr == channels:
+        return out
+    return te.compute((int(xp.shape[0]), *out_hw, channels), lambda *i: out[i], name="unpad")
 
 
 def col2im(cols: te.Tensor, batch: int, in_hw: tuple[int, int], kernel: tuple[int, int],
@@ -161,13 +203,13 @@ class ConvToGemm:
         # layout on its own, below.) A 1-D convolution is first a 2-D one of height 1, and
         # ``clip`` (no layout rule in TVM: a transpose each side) is maximum and minimum.
         mod = rewrite_functions(mod, _Conv1dAs2d(mod))
-        mod = rewrite_functions(mod, _ClipAsMinMax(mod))
+        mod = rewrite_functions(mod, _LayoutFriendly(mod))
         try:
             mod = relax.transform.ConvertLayout(_LAYOUTS)(mod)
         except Exception as err:  # noqa: BLE001 - TVM raises its C++ check failures
             logger.debug("ConvertLayout failed (%s); NHWC per convolution", first_line(err))
         mod = relax.transform.FoldConstant()(mod)
-        return rewrite_functions(mod, _Rewriter(mod), eliminate_dead_code=True)
+        return rewrite_functions(mod, _Rewriter(mod, self.target), eliminate_dead_code=True)
 
 
 def _pair(values) -> tuple[int, int]:
@@ -212,18 +254,42 @@ class _Conv1dAs2d(relax.PyExprMutator):
 
 
 @relax.expr_functor.mutator
-class _ClipAsMinMax(relax.PyExprMutator):
-    """Float ``clip(x, lo, hi)`` as ``minimum(maximum(x, lo), hi)``, ops ``ConvertLayout``
-    carries the layout through."""
+class _LayoutFriendly(relax.PyExprMutator):
+    """Forms ``ConvertLayout`` carries a layout through: float ``clip(x, lo, hi)`` as
+    ``minimum(maximum(x, lo), hi)``, and a constant operand of an elementwise op with fewer
+    axes than the other (``x + c[1]``, ``x * c[C, 1, 1]`` as exporters write them) as a scalar
+    or at the other's rank (TVM's layout rule keeps such a pair in the old layout)."""
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = self.visit_expr_post_order(call)
+        if isinstance(call.op, tvm.ir.Op) and call.op.name in _BINARY:
+            return self._ranked(call)
         if not is_op(call, "relax.clip") or not is_static_tensor(
                 call.ty, ("float32",), min_ndim=1):
             return call
         lo, hi = (_number(arg) for arg in call.args[1:])
         low = relax.op.maximum(call.args[0], relax.const(lo, "float32"))
         return relax.op.minimum(self.builder_.emit(low), relax.const(hi, "float32"))
+
+
+    def _ranked(self, call: relax.Call) -> relax.Expr:
+        args = list(call.args)
+        if not all(isinstance(a.ty, relax.TensorType) and a.ty.ndim >= 0 for a in args):
+            return call
+        rank = max(a.ty.ndim for a in args)
+        for i, arg in enumerate(args):
+            value = constant_value(self, arg)
+            if value is None or value.ndim == rank or (value.ndim == 0):
+                continue
+            args[i] = relax.const(value.reshape(()) if value.size == 1 else
+                                  value.reshape((1,) * (rank - value.ndim) + value.shape))
+        if all(a.same_as(b) for a, b in zip(args, call.args)):
+            return call
+        return relax.Call(call.op, args, call.attrs)
+
+
+_BINARY = frozenset({"relax.add", "relax.subtract", "relax.multiply", "relax.divide",
+                     "relax.maximum", "relax.minimum", "relax.power"})
 
 
 def _number(value) -> float:
@@ -234,6 +300,10 @@ def _number(value) -> float:
 
 @relax.expr_functor.mutator
 class _Rewriter(relax.PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, target: Target):
+        super().__init__(mod)
+        self.target = target
+
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = self.visit_expr_post_order(call)
         rewritten = None
@@ -332,6 +402,9 @@ class _Rewriter(relax.PyExprMutator):
             (pads[0], pads[1], pads[0], pads[1])
         k = c * kh * kw
         bb = self.builder_
+        direct = self._direct(x, w, (oh, ow), strides, padding, dilation)
+        if direct is not None:
+            return direct
         if (kh, kw) == (1, 1) and strides == (1, 1) and not any(padding) and (oh, ow) == (h, wd):
             cols = bb.emit(relax.op.reshape(x, (n * h * wd, c)))
         else:
@@ -341,3 +414,23 @@ class _Rewriter(relax.PyExprMutator):
         w_mat = relax.const(np.ascontiguousarray(w.reshape(o, k).T))
         y = bb.emit(relax.op.matmul(cols, w_mat))
         return relax.op.reshape(y, (n, oh, ow, o))
+
+    def _direct(self, x: relax.Expr, w: np.ndarray, out_hw: tuple[int, int],
+                strides: tuple[int, int], padding: tuple[int, int, int, int],
+                dilation: tuple[int, int]) -> relax.Expr | None:
+        """The stride-1 convolution as :func:`direct_conv` on the zero-padded input, when a
+        microkernel tiles the output rows (else None: im2col)."""
+        o, kh, kw, c = w.shape
+        if strides != (1, 1) or kh * kw == 1 or c < _MIN_DIRECT_DEPTH:
+            return None
+        nr = panel_width(self.target, "float32", out_hw[0] * out_hw[1], o, c)
+        if nr is None or choose_conv_kernel(fp32_microkernels(self.target), out_hw[1],
+                                            nr) is None:
+            return None
+        bb = self.builder_
+        top, left, bottom, right = padding
+        if any(padding):
+            x = bb.emit(relax.op.nn.pad(x, [0, 0, top, bottom, left, right, 0, 0]))
+        packed = relax.const(pack_conv_weight(w, nr))
+        return self._not_inlined_into(bb.call_te(
+            direct_conv, x, packed, dilation, out_hw, o, primfunc_name_hint=DIRECT_CONV))

@@ -11,7 +11,8 @@ folds into the weight and one bias::
     (y + b1) + b2             ->  y + (b1 + b2)
 
 with ``c`` and ``b`` constants of shape ``[N]`` (or broadcasting only along the last axis, or
-scalars). The depthwise kernel's taps ``[KH, KW, C]`` scale the same way. What remains is the
+scalars). The depthwise kernel's taps ``[KH, KW, C]`` and the direct convolution's packed
+weights scale the same way. What remains is the
 GEMM and a bias, which the epilogue patterns fuse. A GEMM or partial sum used elsewhere too
 is left alone (rewriting it would compute it twice).
 """
@@ -23,7 +24,7 @@ import tvm
 from tvm import relax
 from tvm.ir.prim.expr import IntImm
 
-from .conv_gemm import DEPTHWISE
+from .conv_gemm import DEPTHWISE, DIRECT_CONV
 from .relax_rewrite import bound_value, constant_value, is_op, rewrite_functions
 
 
@@ -125,6 +126,15 @@ class _Folder(relax.PyExprMutator):
             if t is None or t.shape[-1] != scale.size:
                 return None
             return relax.call_tir(value.args[0], [x, relax.const(t * scale)], value.ty)
+        if is_op(value, "relax.call_tir") and value.args[0].name_hint.startswith(DIRECT_CONV):
+            x, packed = value.args[1].fields
+            p = constant_value(self, packed)  # [panels, KH, KW, C, nr]
+            if p is None or p.shape[0] * p.shape[-1] < scale.size:
+                return None
+            padded = np.zeros(p.shape[0] * p.shape[-1], np.float32)
+            padded[:scale.size] = scale
+            scaled = p * padded.reshape(p.shape[0], 1, 1, 1, p.shape[-1])
+            return relax.call_tir(value.args[0], [x, relax.const(scaled)], value.ty)
         if is_op(value, "relax.add"):
             inner, bias = value.args
             b = self._channel_constant(bias, scale.size)
@@ -169,4 +179,5 @@ class _Folder(relax.PyExprMutator):
 
     def _is_weighted(self, value: relax.Expr) -> bool:
         return is_op(value, "relax.matmul") or (
-            is_op(value, "relax.call_tir") and value.args[0].name_hint.startswith(DEPTHWISE))
+            is_op(value, "relax.call_tir")
+            and value.args[0].name_hint.startswith((DEPTHWISE, DIRECT_CONV)))

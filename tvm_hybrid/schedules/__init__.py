@@ -7,13 +7,14 @@ lowering.
 
 from __future__ import annotations
 
+from .conv_template import ConvTemplate
 from .gemm_template import GemmTemplate
 from .parallel_vectorize import ParallelVectorize
 
 
 def default_rules() -> list:
     """The schedule rules the hybrid pipeline applies, in priority order."""
-    return [GemmTemplate(), ParallelVectorize()]
+    return [GemmTemplate(), ConvTemplate(), ParallelVectorize()]
 
 
-__all__ = ["GemmTemplate", "ParallelVectorize", "default_rules"]
+__all__ = ["ConvTemplate", "GemmTemplate", "ParallelVectorize", "default_rules"]
