@@ -21,6 +21,7 @@ from .passes import (
     FoldQDQ,
     FoldScalesIntoWeights,
     FuseGemmEpilogues,
+    IntegerConvToFloat,
     IntegerGemmToVNNI,
     PrepackBF16,
     PrepackConstantWeights,
@@ -119,6 +120,8 @@ def graph_passes(target: Target, precision: str = "fp32",
     epilogue chain (``patterns.py``), and exp/erf/tanh/softmax take vectorisable forms.
     """
     return [
+        # Integer convolutions whose sums fp32 holds exactly join the fp32 convolutions.
+        IntegerConvToFloat(),
         ConvToGemm(target),
         # Reshapes after GEMMs (a convolution's output) out of the way of their epilogues,
         # then BatchNorm-like scales and shifts into the weights (before they are packed).

@@ -6,6 +6,7 @@ from .conv_gemm import ConvToGemm
 from .fast_math import FastMath
 from .fold_scales import FoldScalesIntoWeights
 from .fuse_epilogues import FuseGemmEpilogues
+from .integer_conv import IntegerConvToFloat
 from .integer_gemm import IntegerGemmToVNNI
 from .prepack import PrepackConstantWeights
 from .qdq import FoldQDQ
@@ -18,6 +19,7 @@ __all__ = [
     "FoldScalesIntoWeights",
     "FoldQDQ",
     "FuseGemmEpilogues",
+    "IntegerConvToFloat",
     "IntegerGemmToVNNI",
     "PrepackBF16",
     "PrepackConstantWeights",

@@ -248,7 +248,13 @@ def _is_one(expr) -> bool:
 
 
 def _schedule_row_reduction(sch, block, info: SBlockInfo, lanes: int = 16) -> list[str]:
-    """Parallel over rows, vectorised partial reductions; returns the names of new blocks."""
+    """Parallel over rows, vectorised partial reductions; returns the names of new blocks.
+
+    Where the input's innermost axes are the reduced ones (a row reduction, or a whole-tensor
+    min/max as ``DynamicQuantizeLinear`` computes), they fuse into one loop whose partial
+    results run in vector lanes. Where the innermost axis is kept (a mean over the pixels of
+    an NHWC tensor) the reduction loops go outside it and it is vectorised.
+    """
     kinds = info.dom_kind()
     loops = sch.get_loops(block)
     spatial = [lp for lp, k in zip(loops, kinds) if k == "S"]
@@ -256,14 +262,61 @@ def _schedule_row_reduction(sch, block, info: SBlockInfo, lanes: int = 16) -> li
     if not spatial:
         return []
     worth = _worth_parallel(sch, loops)  # before fuse: fusing invalidates the loop handles
-    extent = _const_extent(sch, reduce[-1]) if len(reduce) == 1 else None
+    innermost = _innermost_read_vars(sch.get(block), kinds)
+    if innermost == "S" and len(spatial) >= 1:
+        return _schedule_column_reduction(sch, block, spatial, reduce, lanes, worth)
     sch.reorder(*spatial, *reduce)
     fused = sch.fuse(*spatial)
     if worth:
         sch.parallel(fused)
+    if innermost == "R" and len(reduce) > 1:
+        reduce = [sch.fuse(*reduce)]
+    extent = _const_extent(sch, reduce[-1]) if len(reduce) == 1 else None
     if extent is not None and extent % lanes == 0 and extent >= 2 * lanes:
         return _vectorize_reduction(sch, block, lanes)
     return []
+
+
+def _innermost_read_vars(stmt, kinds: str) -> str | None:
+    """``"R"`` when the input's innermost indices are exactly the reduction's iteration
+    variables in order, ``"S"`` when its last index is the last spatial one, else None."""
+    ivars = [iv.var for iv in stmt.iter_vars]
+    reduced = [v for v, k in zip(ivars, kinds) if k == "R"]
+    spatial = [v for v, k in zip(ivars, kinds) if k == "S"]
+    out = stmt.writes[0].source
+    reads = [r for r in stmt.reads if not r.source.same_as(out)]
+    if len(reads) != 1:
+        return None
+    mins = [rng.min for rng in reads[0].region]
+    extents = [rng.extent for rng in reads[0].region]
+    if not all(isinstance(e, prim.IntImm) and int(e.value) == 1 for e in extents):
+        return None
+    tail = mins[-len(reduced):] if reduced else []
+    if reduced and len(tail) == len(reduced) and all(a.same_as(b) for a, b in zip(tail, reduced)):
+        return "R"
+    if spatial and mins and mins[-1].same_as(spatial[-1]):
+        return "S"
+    return None
+
+
+def _schedule_column_reduction(sch, block, spatial, reduce, lanes: int, worth: bool) -> list[str]:
+    """Reduction loops outside the contiguous last spatial axis, which is vectorised."""
+    extent = _const_extent(sch, spatial[-1])
+    if extent is None or extent % lanes:
+        sch.reorder(*spatial, *reduce)
+        fused = sch.fuse(*spatial)
+        if worth:
+            sch.parallel(fused)
+        return []
+    outer, inner = sch.split(spatial[-1], [None, lanes])
+    sch.reorder(*spatial[:-1], outer, *reduce, inner)
+    fused = sch.fuse(*spatial[:-1], outer)
+    if worth:
+        sch.parallel(fused)
+    init = sch.decompose_reduction(block, reduce[0])
+    sch.vectorize(sch.get_loops(init)[-1])
+    sch.vectorize(sch.get_loops(block)[-1])
+    return [sch.get(init).name_hint]
 
 
 def _vectorize_reduction(sch, block, lanes: int) -> list[str]:
