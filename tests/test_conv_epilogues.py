@@ -1,7 +1,8 @@
 """Convolution epilogues in the GEMM kernel: ``SinkReshapes`` and ``FoldScalesIntoWeights``
 (structural before/after tests and numerics), the pointwise epilogue stage (SiLU, HardSwish,
-HardSigmoid, clips, a ReLU after the residual), ``Clip`` imported as maximum/minimum, and the
-fast sigmoid. End to end against ONNX Runtime within relative 1e-4 of the output's scale."""
+HardSigmoid, clips, a ReLU after the residual), ``Clip`` imported as maximum/minimum, fake
+quantization as elementwise ops (bit-identical), and the fast sigmoid. End to end against
+ONNX Runtime within relative 1e-4 of the output's scale."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from tvm import relax
 
 import tvm_hybrid
 from tvm_hybrid.frontend import import_model
-from tvm_hybrid.passes import FastMath, FoldScalesIntoWeights, SinkReshapes
+from tvm_hybrid.host import host_target
+from tvm_hybrid.passes import ConvToGemm, FastMath, FoldScalesIntoWeights, SinkReshapes
 
 ort = pytest.importorskip("onnxruntime", reason="the comparisons need onnxruntime (test extra)")
 
@@ -215,3 +217,21 @@ def test_clip_with_a_bound_from_an_input_keeps_tvms_conversion():
     lo = np.array(0.25, "float32")
     np.testing.assert_array_equal(np.asarray(tvm_hybrid.compile(model)(x=x, lo=lo)),
                                   np.maximum(x, lo))
+
+
+@pytest.mark.parametrize("dtype,zero", [("uint8", 131), ("int8", -3)])
+def test_fake_quantization_becomes_elementwise_ops_with_the_same_bits(dtype, zero):
+    x = relax.Var("x", relax.TensorType((2, 8, 5, 5), "float32"))
+    scale = relax.const(np.float32(0.0371))
+    zp = relax.const(np.array(zero, dtype))
+
+    def body(bb, x):
+        q = bb.emit(relax.op.quantize(x, scale, zp, axis=1, out_dtype=dtype))
+        return relax.op.dequantize(q, scale, zp, axis=1, out_dtype="float32")
+
+    before = _function([x], body)
+    after = ConvToGemm(host_target())(before)
+    assert "quantize" not in _ops(after) and "dequantize" not in _ops(after)
+    values = np.concatenate([RNG.standard_normal(390) * 4, np.arange(10) * 0.0371 * 0.5 - 0.1])
+    arg = values.astype("float32").reshape(2, 8, 5, 5)
+    np.testing.assert_array_equal(_run(after, arg), _run(before, arg))

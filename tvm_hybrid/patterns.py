@@ -143,7 +143,7 @@ def _gelu_tanh(y, _p):
 #: operand is a constant (a scalar, or a vector along the output's last axis).
 _POINTWISE_UNARY = ("relax.sigmoid", "relax.tanh", "relax.nn.relu", "relax.nn.silu",
                     "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.leakyrelu", "relax.clip",
-                    "relax.erf", "relax.exp")
+                    "relax.erf", "relax.exp", "relax.round")
 _POINTWISE_BINARY = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide",
                      "relax.maximum", "relax.minimum")
 #: The longest pointwise chain an epilogue takes (HardSwish as exported: five ops).

@@ -40,7 +40,13 @@ from ..errors import first_line
 from ..heuristics import panel_width
 from ..microkernels import fp32_microkernels
 from ..schedules.conv_template import DIRECT_CONV_BLOCK, choose_conv_kernel
-from .relax_rewrite import constant_value, is_op, is_static_tensor, rewrite_functions
+from .relax_rewrite import (
+    bound_value,
+    constant_value,
+    is_op,
+    is_static_tensor,
+    rewrite_functions,
+)
 
 IM2COL = "hybrid_im2col"
 DIRECT_CONV = "hybrid_direct_conv"
@@ -261,12 +267,16 @@ class _LayoutFriendly(relax.PyExprMutator):
     """Forms ``ConvertLayout`` carries a layout through: float ``clip(x, lo, hi)`` as
     ``minimum(maximum(x, lo), hi)``, and a constant operand of an elementwise op with fewer
     axes than the other (``x + c[1]``, ``x * c[C, 1, 1]`` as exporters write them) as a scalar
-    or at the other's rank (TVM's layout rule keeps such a pair in the old layout)."""
+    or at the other's rank (TVM's layout rule keeps such a pair in the old layout), and a
+    per-tensor ``dequantize(quantize(x))`` (fake quantization between the convolutions of a
+    QDQ model) as ``clip(round(x / s), -zp, qmax - zp) * s``, the same values bit for bit."""
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = self.visit_expr_post_order(call)
         if isinstance(call.op, tvm.ir.Op) and call.op.name in _BINARY:
             return self._ranked(call)
+        if is_op(call, "relax.dequantize"):
+            return self._fake_quantization(call)
         if not is_op(call, "relax.clip") or not is_static_tensor(
                 call.ty, ("float32",), min_ndim=1):
             return call
@@ -274,6 +284,26 @@ class _LayoutFriendly(relax.PyExprMutator):
         low = relax.op.maximum(call.args[0], relax.const(lo, "float32"))
         return relax.op.minimum(self.builder_.emit(low), relax.const(hi, "float32"))
 
+
+    def _fake_quantization(self, call: relax.Call) -> relax.Expr:
+        quantize = bound_value(self, call.args[0])
+        if not is_op(quantize, "relax.quantize") or str(call.ty.dtype) != "float32" \
+                or str(quantize.args[0].ty.dtype) != "float32":
+            return call
+        params = [constant_value(self, arg) for arg in (*quantize.args[1:], *call.args[1:])]
+        if any(p is None or p.size != 1 for p in params):
+            return call
+        scale, zero, scale2, zero2 = (p.reshape(()) for p in params)
+        qdtype = str(quantize.ty.dtype)
+        if scale != scale2 or zero != zero2 or qdtype not in _QUANTIZED:
+            return call
+        qmin, qmax = _QUANTIZED[qdtype]
+        zp = float(zero)
+        steps = self.builder_.emit(relax.op.round(relax.op.divide(
+            quantize.args[0], relax.const(np.float32(scale)))))
+        low = self.builder_.emit(relax.op.maximum(steps, relax.const(qmin - zp, "float32")))
+        high = self.builder_.emit(relax.op.minimum(low, relax.const(qmax - zp, "float32")))
+        return relax.op.multiply(high, relax.const(np.float32(scale)))
 
     def _ranked(self, call: relax.Call) -> relax.Expr:
         args = list(call.args)
@@ -291,6 +321,8 @@ class _LayoutFriendly(relax.PyExprMutator):
         return relax.Call(call.op, args, call.attrs)
 
 
+_QUANTIZED = {"uint8": (0, 255), "int8": (-128, 127), "uint16": (0, 65535),
+              "int16": (-32768, 32767)}
 _BINARY = frozenset({"relax.add", "relax.subtract", "relax.multiply", "relax.divide",
                      "relax.maximum", "relax.minimum", "relax.power"})
 

@@ -31,7 +31,7 @@ from .relax_rewrite import bound_value, constant_value, is_op, is_static_tensor,
 #: Elementwise ops a reshape moves past.
 UNARY = frozenset({"relax.sigmoid", "relax.tanh", "relax.nn.relu", "relax.nn.silu",
                    "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.leakyrelu", "relax.clip",
-                   "relax.erf", "relax.exp", "relax.negative"})
+                   "relax.erf", "relax.exp", "relax.round", "relax.negative"})
 BINARY = frozenset({"relax.add", "relax.subtract", "relax.multiply", "relax.divide",
                     "relax.maximum", "relax.minimum"})
 #: How far back through moved elementwise ops a reshape's source is traced to its GEMM.
