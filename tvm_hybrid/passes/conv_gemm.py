@@ -151,6 +151,15 @@ def col2im(cols: te.Tensor, batch: int, in_hw: tuple[int, int], kernel: tuple[in
     whose input pixel lands on it (an injective kernel: the taps are unrolled)."""
     h, w = in_hw
     kh, kw = kernel
+    if ((kh, kw) == tuple(strides) and not any(padding) and tuple(dilation) == (1, 1)
+            and tuple(out_hw) == (h * kh, w * kw)):
+        # No overlap (DBNet's 2x2 stride-2 upsampling): one tap per output pixel, a pure
+        # rearrangement without a bounds test per tap.
+        return te.compute(
+            (batch, out_channels, *out_hw),
+            lambda b, o, oy, ox: cols[(b * h + oy // kh) * w + ox // kw,
+                                      ((oy % kh) * kw + ox % kw) * out_channels + o],
+            name="col2im")
 
     def value(b, o, oy, ox):
         total = tirx.const(0.0, cols.dtype)

@@ -315,8 +315,10 @@ def _schedule_column_reduction(sch, block, spatial, reduce, lanes: int, worth: b
         sch.parallel(fused)
     init = sch.decompose_reduction(block, reduce[0])
     sch.vectorize(sch.get_loops(init)[-1])
-    sch.vectorize(sch.get_loops(block)[-1])
-    return [sch.get(init).name_hint]
+    # TVM refuses to vectorize a loop under the reduction loops of a block that is not
+    # "complete"; the unrolled contiguous lanes LLVM's SLP vectoriser packs into vectors.
+    sch.unroll(sch.get_loops(block)[-1])
+    return [sch.get(init).name_hint, sch.get(block).name_hint]  # decomposing renamed it
 
 
 def _vectorize_reduction(sch, block, lanes: int) -> list[str]:
