@@ -6,8 +6,9 @@ Why is it slow? The profile report, and the compile cache
 model and says, per kernel, which ONNX nodes it computes, whether an expert template scheduled it
 (and with which microkernel) or why none did, and how far it is from the machine's peak. This
 tutorial profiles a BERT-base encoder layer, where the GEMM templates take almost all the time,
-and a small CNN (SqueezeNet from ONNX's test data), where the convolutions fall back to the
-generic schedule: the report shows where to act. Then it compiles with a cache directory, so a
+and a small CNN (SqueezeNet from ONNX's test data), whose convolutions run on the GEMM
+templates while its pooling and layout changes take the generic schedule: the report shows
+where the rest of the time goes. Then it compiles with a cache directory, so a
 second process loads the model instead of compiling it.
 """
 
@@ -41,8 +42,8 @@ assert all(k.info.nodes for k in report.kernels), "every kernel names its ONNX n
 # %%
 # A CNN
 # -----
-# SqueezeNet's convolutions have no template yet: the report lists them first, with their
-# GFLOP/s, their share of the time and the reason.
+# The report lists SqueezeNet's kernels slowest first, with their GFLOP/s, their share of the
+# time and what scheduled them (a template and its microkernel, or why the fallback rule).
 path = os.path.join(os.path.dirname(onnx.backend.test.__file__), "data", "light",
                     "light_squeezenet.onnx")
 cnn = tvm_hybrid.compile(path)
