@@ -11,14 +11,17 @@ bias       ``y + b``, ``b`` a constant broadcast along the last axis       :func
 scale      ``y * c`` or ``y / c``, ``c`` a scalar constant                 :func:`check_scale`
 gelu_erf   ``gelu(y)``, or ``y * (erf(y / c) + 1) * 0.5`` (ONNX export)    --
 gelu_tanh  ``gelu_tanh(y)``, or the tanh formula of ONNX exports           --
-pointwise  up to six elementwise steps: unary ops, ops with a constant,    :func:`check_pointwise`
-           gates ``y * v`` (ReLU, clips, SiLU, HardSwish, HardSigmoid...)
+relu       ``relu(y)``; likewise ``sigmoid``, ``tanh``                     --
+silu       ``y * sigmoid(y)``                                              --
+clip       ``minimum(maximum(y, lo), hi)`` (ReLU6, clips)                  --
+hardswish  ``y * clip(y + 3, 0, 6) / 6`` (TVM's import; paddle's order)    --
+hardsig... ``y * clip(a * y + b, 0, 1)`` (HardSigmoid times its input)     --
 residual   ``y + r``, ``r`` a tensor broadcasting to the output          :func:`check_residual`
-then       a pointwise chain after the residual (ResNet's ReLU)            :func:`check_pointwise`
+then_relu  ``relu`` or a clip after the residual (ResNet's ReLU)          --
 ========== =============================================================== ==================
 
 :func:`gemm_patterns` combines them in the order bias, scale, activation, residual, then
-(each optional, ``then`` only after a residual), longest chains first, into
+(each optional, ``then_relu`` only after a residual), longest chains first, into
 ``FuseOpsByPattern`` patterns anchored on ``matmul`` or on the packed GEMM of
 ``passes/prepack.py``.
 Every pattern's check also runs :func:`check_gemm` (fp32, static shapes) and refuses a group
@@ -139,56 +142,44 @@ def _gelu_tanh(y, _p):
     return is_op("relax.nn.gelu_tanh")(y) | exported, {}
 
 
-#: Elementwise ops a pointwise activation chains: unary ones, and binary ones whose other
-#: operand is a constant (a scalar, or a vector along the output's last axis).
-_POINTWISE_UNARY = ("relax.sigmoid", "relax.tanh", "relax.nn.relu", "relax.nn.silu",
-                    "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.leakyrelu", "relax.clip",
-                    "relax.erf", "relax.exp", "relax.round")
-_POINTWISE_BINARY = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide",
-                     "relax.maximum", "relax.minimum")
-#: The longest pointwise chain an epilogue takes (HardSwish as exported: five ops).
-MAX_POINTWISE = 6
+def _mul(a, b):
+    """``a * b`` in either operand order."""
+    return is_op("relax.multiply")(a, b) | is_op("relax.multiply")(b, a)
 
 
-def _pointwise(y, p):
-    """A chain of up to :data:`MAX_POINTWISE` elementwise steps on ``y``, each a unary op, a
-    binary op with a constant, or a gate ``y * v`` by the stage's input (SiLU, HardSwish,
-    HardSigmoid times ``x``, clips and their many exported spellings). Longest first."""
-    chains, constants = [], {}
-    for length in range(MAX_POINTWISE, 0, -1):
-        v = y
-        for step in range(length):
-            const = is_const()
-            constants[f"{p}c{length}_{step}"] = const
-            v = (_any_op(_POINTWISE_UNARY)(v)
-                 | _any_op(_POINTWISE_BINARY)(v, const) | _any_op(_POINTWISE_BINARY)(const, v)
-                 | is_op("relax.multiply")(y, v) | is_op("relax.multiply")(v, y))
-        chains.append(v)
-    pattern = chains[0]
-    for chain in chains[1:]:
-        pattern = pattern | chain
-    return pattern, constants
+def _clip(v):
+    """``minimum(maximum(v, lo), hi)`` (a clip as ``frontend/clip.py`` imports it)."""
+    return is_op("relax.minimum")(is_op("relax.maximum")(v, is_const()), is_const())
 
 
-def _any_op(names: tuple[str, ...]):
-    def build(*args):
-        pattern = is_op(names[0])(*args)
-        for name in names[1:]:
-            pattern = pattern | is_op(name)(*args)
-        return pattern
+def _activation(*forms):
+    def build(y, _p):
+        pattern = None
+        for form in forms:
+            pattern = form(y) if pattern is None else pattern | form(y)
+        return pattern, {}
     return build
 
 
-def check_pointwise(context: PatternCheckContext, prefix: str) -> bool:
-    """A pointwise chain's constants broadcast to the output without growing it."""
-    out = _static_shape(context.matched_expr)
-    for name, expr in context.annotated_expr.items():
-        if name.startswith(prefix + "c"):
-            shape = _static_shape(expr)
-            if shape is None or out is None or len(shape) > len(out) or not all(
-                    d in (1, o) for d, o in zip(shape[::-1], out[::-1])):
-                return False
-    return True
+def _unary(op: str):
+    return lambda y: is_op(op)(y)
+
+
+def _silu(y):
+    return _mul(y, is_op("relax.sigmoid")(y))
+
+
+def _hardswish(y):
+    """``y * clip(y + 3, 0, 6) / 6`` as TVM imports HardSwish, and as paddle exports it
+    (``y * clip(y + 3) / 6`` with the division last)."""
+    clipped = _clip(is_op("relax.add")(y, is_const()))
+    return (_mul(y, is_op("relax.divide")(clipped, is_const()))
+            | is_op("relax.divide")(_mul(y, clipped), is_const()))
+
+
+def _hardsigmoid_gate(y):
+    """``y * clip(alpha * y + beta, 0, 1)`` (HardSigmoid times its input)."""
+    return _mul(y, _clip(is_op("relax.add")(_mul(y, is_const()), is_const())))
 
 
 def _residual(y, p):
@@ -204,9 +195,15 @@ STAGES: dict[str, EpilogueStage] = {
         EpilogueStage("scale", "scale", _scale, check_scale),
         EpilogueStage("gelu_erf", "activation", _gelu_erf),
         EpilogueStage("gelu_tanh", "activation", _gelu_tanh),
-        EpilogueStage("pointwise", "activation", _pointwise, check_pointwise),
+        EpilogueStage("relu", "activation", _activation(_unary("relax.nn.relu"))),
+        EpilogueStage("sigmoid", "activation", _activation(_unary("relax.sigmoid"))),
+        EpilogueStage("tanh", "activation", _activation(_unary("relax.tanh"))),
+        EpilogueStage("silu", "activation", _activation(_silu)),
+        EpilogueStage("clip", "activation", _activation(_clip)),
+        EpilogueStage("hardswish", "activation", _activation(_hardswish)),
+        EpilogueStage("hardsigmoid_gate", "activation", _activation(_hardsigmoid_gate)),
         EpilogueStage("residual", "residual", _residual, check_residual),
-        EpilogueStage("then", "post", _pointwise, check_pointwise),
+        EpilogueStage("then_relu", "post", _activation(_unary("relax.nn.relu"), _clip)),
     )
 }
 
