@@ -15,6 +15,8 @@ from tvm import relax
 from tvm.relax.frontend.onnx.onnx_frontend import Clip as _StockClip
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
+_FLOATS = ("float32", "float16", "float64")
+
 
 def _bound(value) -> relax.Expr | None:
     if isinstance(value, tvm.ir.GenericConst) and value.value.numpy().size == 1:
@@ -37,7 +39,7 @@ class Clip(OnnxOpConverter):
 
     @classmethod
     def _impl_v1(cls, bb, inputs, attr, params):
-        if str(inputs[0].ty.dtype) not in ("float32", "float16", "float64"):
+        if str(inputs[0].ty.dtype) not in _FLOATS:
             return _StockClip._impl_v1(bb, inputs, attr, params)
         return _clip(inputs[0], float(attr.get("min", -np.inf)), float(attr.get("max", np.inf)))
 
@@ -47,13 +49,12 @@ class Clip(OnnxOpConverter):
 
     @classmethod
     def _impl_v13(cls, bb, inputs, attr, params):
-        bounds = list(inputs[1:3]) + [None] * (3 - len(inputs))
-        consts = [None if b is None else _bound(b) for b in bounds[:2]]
-        if any(b is not None and c is None for b, c in zip(bounds, consts)):
+        bounds = [inputs[i] if i < len(inputs) else None for i in (1, 2)]
+        consts = [None if b is None else _bound(b) for b in bounds]
+        if str(inputs[0].ty.dtype) not in _FLOATS or any(
+                b is not None and c is None for b, c in zip(bounds, consts)):
             return _StockClip._impl_v13(bb, inputs, attr, params)
         lo, hi = (None if c is None else float(c.value.numpy().reshape(())) for c in consts)
-        if str(inputs[0].ty.dtype) not in ("float32", "float16", "float64"):
-            return _StockClip._impl_v13(bb, inputs, attr, params)
         return _clip(inputs[0], lo, hi)
 
 

@@ -286,13 +286,16 @@ class _LayoutFriendly(relax.PyExprMutator):
             return self._ranked(call)
         if is_op(call, "relax.dequantize"):
             return self._fake_quantization(call)
-        if not is_op(call, "relax.clip") or not is_static_tensor(
-                call.ty, ("float32",), min_ndim=1):
+        if is_op(call, "relax.clip"):
+            return self._clip(call)
+        return call
+
+    def _clip(self, call: relax.Call) -> relax.Expr:
+        if not is_static_tensor(call.ty, ("float32",), min_ndim=1):
             return call
         lo, hi = (_number(arg) for arg in call.args[1:])
         low = relax.op.maximum(call.args[0], relax.const(lo, "float32"))
         return relax.op.minimum(self.builder_.emit(low), relax.const(hi, "float32"))
-
 
     def _fake_quantization(self, call: relax.Call) -> relax.Expr:
         quantize = bound_value(self, call.args[0])
@@ -321,7 +324,7 @@ class _LayoutFriendly(relax.PyExprMutator):
         rank = max(a.ty.ndim for a in args)
         for i, arg in enumerate(args):
             value = constant_value(self, arg)
-            if value is None or value.ndim == rank or (value.ndim == 0):
+            if value is None or value.ndim in (0, rank):
                 continue
             args[i] = relax.const(value.reshape(()) if value.size == 1 else
                                   value.reshape((1,) * (rank - value.ndim) + value.shape))

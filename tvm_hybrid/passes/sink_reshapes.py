@@ -53,6 +53,12 @@ def _op_name(expr: relax.Expr) -> str | None:
 
 @relax.expr_functor.mutator
 class _Sinker(relax.PyExprMutator):
+    def __init__(self, mod: tvm.IRModule):
+        super().__init__(mod)
+        # Per (variable, depth left): whether it traces back to a GEMM. Without it the walk is
+        # exponential in the depth where values feed several binary ops (unrolled LSTM cells).
+        self._traced: dict[tuple[relax.Var, int], bool] = {}
+
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = self.visit_expr_post_order(call)
         name = _op_name(call)
@@ -73,14 +79,19 @@ class _Sinker(relax.PyExprMutator):
         return source if self._from_gemm(source, _MAX_DEPTH) else None
 
     def _from_gemm(self, expr: relax.Expr, depth: int) -> bool:
+        key = (expr, depth) if isinstance(expr, relax.Var) else None
+        known = self._traced.get(key) if key is not None else None
+        if known is not None:
+            return known
         value = bound_value(self, expr)
         name = _op_name(value)
-        if name == "relax.matmul":
-            return True
-        if depth == 0 or name not in UNARY | BINARY:
-            return False
-        return any(self._from_gemm(arg, depth - 1) for arg in value.args
-                   if isinstance(arg, relax.Var))
+        found = name == "relax.matmul" or (
+            depth > 0 and name in UNARY | BINARY
+            and any(self._from_gemm(arg, depth - 1) for arg in value.args
+                    if isinstance(arg, relax.Var)))
+        if key is not None:
+            self._traced[key] = found
+        return found
 
     def _unary(self, call: relax.Call) -> relax.Expr:
         source = self._reshaped_gemm(call.args[0])

@@ -37,7 +37,7 @@ from tvm.target import Target
 from ..heuristics import divisors
 from ..host import cache_sizes
 from ..microkernels import Microkernel, fp32_microkernels, tensor_intrin
-from .gemm_template import TEMPLATE_ANNOTATION, _attach_epilogue, _vectorize_innermost
+from .gemm_template import TEMPLATE_ANNOTATION, accumulate_in_tile
 from .parallel_vectorize import inline_free_producers, schedule_blocks
 
 logger = logging.getLogger(__name__)
@@ -154,14 +154,7 @@ def schedule_conv(sch: s_tir.Schedule, block, shape: ConvShape, knobs: ConvKnobs
     sch.reorder(b, y, o_outer, x_outer, ky, kx, x_tiles, x_inner, o_inner, c)
     blocks = sch.fuse(b, y, o_outer, preserve_unit_iters=True)
     sch.parallel(blocks)
-    acc = sch.cache_write(block, 0, "local")
-    sch.reverse_compute_at(acc, x_outer, preserve_unit_loops=True)
-    _attach_epilogue(sch, acc, x_outer)
-    sch.decompose_reduction(block, ky)
-    update = sch.get(block).name_hint
-    for child in sch.get_child_blocks(x_outer):
-        if sch.get(child).name_hint != update:  # init, write-back and epilogue blocks
-            _vectorize_innermost(sch, child)
+    accumulate_in_tile(sch, block, x_outer, ky)
     sch.tensorize(x_inner, tensor_intrin(kernel, shape.depth))
     sch.annotate(x_outer, TEMPLATE_ANNOTATION,
                  f"{kernel.isa} {kernel.mr}x{kernel.nr} microkernel, direct convolution, "

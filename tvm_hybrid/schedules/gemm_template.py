@@ -190,14 +190,7 @@ def schedule_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
     sch.parallel(blocks)
 
     tile = tiles[1]
-    acc = sch.cache_write(block, 0, "local")
-    sch.reverse_compute_at(acc, tile, preserve_unit_loops=True)
-    _attach_epilogue(sch, acc, tile)
-    sch.decompose_reduction(block, ii)
-    update = sch.get(block).name_hint
-    for child in sch.get_child_blocks(tile):
-        if sch.get(child).name_hint != update:  # init, write-back and epilogue blocks
-            _vectorize_innermost(sch, child)
+    accumulate_in_tile(sch, block, tile, ii)
     sch.tensorize(ii, tensor_intrin(kernel, gemm.shape.k))
     # Visible in the scheduled TIR (CompiledModel.lowered), for users and tests. The block
     # sizes are left out: they are decisions a tuner may change after this string is written
@@ -232,18 +225,25 @@ def schedule_amx_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
     sch.reorder(*batch, io, jo, ii, ji, k)
     blocks = sch.fuse(*batch, io, jo, preserve_unit_iters=True)
     sch.parallel(blocks)
-    acc = sch.cache_write(block, 0, "local")
-    sch.reverse_compute_at(acc, blocks, preserve_unit_loops=True)
-    _attach_epilogue(sch, acc, blocks)
-    sch.decompose_reduction(block, ii)
-    update = sch.get(block).name_hint
-    for child in sch.get_child_blocks(blocks):
-        if sch.get(child).name_hint != update:
-            _vectorize_innermost(sch, child)
+    accumulate_in_tile(sch, block, blocks, ii)
     sch.tensorize(ii, amx_tensor_intrin(kernel, rows, cols, gemm.shape.k))
     sch.annotate(blocks, TEMPLATE_ANNOTATION,
                  f"amx {kernel.in_dtype} 32x32 tiles per block, K={gemm.shape.k}")
     return blocks
+
+
+def accumulate_in_tile(sch: s_tir.Schedule, block, tile_loop, init_at) -> None:
+    """Accumulate ``block`` in a local buffer per ``tile_loop`` iteration, zeroed before the
+    loop ``init_at``, with the elementwise chain after it in the tile's write-back; the init,
+    write-back and epilogue blocks vectorised (the update is left to the microkernel)."""
+    acc = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(acc, tile_loop, preserve_unit_loops=True)
+    _attach_epilogue(sch, acc, tile_loop)
+    sch.decompose_reduction(block, init_at)
+    update = sch.get(block).name_hint
+    for child in sch.get_child_blocks(tile_loop):
+        if sch.get(child).name_hint != update:
+            _vectorize_innermost(sch, child)
 
 
 def _attach_epilogue(sch: s_tir.Schedule, producer, tile_loop) -> None:

@@ -263,7 +263,8 @@ def _schedule_row_reduction(sch, block, info: SBlockInfo, lanes: int = 16) -> li
         return []
     worth = _worth_parallel(sch, loops)  # before fuse: fusing invalidates the loop handles
     innermost = _innermost_read_vars(sch.get(block), kinds)
-    if innermost == "S" and len(spatial) >= 1:
+    kept = _const_extent(sch, spatial[-1])
+    if innermost == "S" and kept is not None and kept % lanes == 0:
         return _schedule_column_reduction(sch, block, spatial, reduce, lanes, worth)
     sch.reorder(*spatial, *reduce)
     fused = sch.fuse(*spatial)
@@ -300,14 +301,8 @@ def _innermost_read_vars(stmt, kinds: str) -> str | None:
 
 
 def _schedule_column_reduction(sch, block, spatial, reduce, lanes: int, worth: bool) -> list[str]:
-    """Reduction loops outside the contiguous last spatial axis, which is vectorised."""
-    extent = _const_extent(sch, spatial[-1])
-    if extent is None or extent % lanes:
-        sch.reorder(*spatial, *reduce)
-        fused = sch.fuse(*spatial)
-        if worth:
-            sch.parallel(fused)
-        return []
+    """Reduction loops outside the contiguous last spatial axis (a multiple of ``lanes``),
+    which is vectorised."""
     outer, inner = sch.split(spatial[-1], [None, lanes])
     sch.reorder(*spatial[:-1], outer, *reduce, inner)
     fused = sch.fuse(*spatial[:-1], outer)
