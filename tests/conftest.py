@@ -19,6 +19,8 @@ import os
 import pytest
 
 os.environ.setdefault("TVM_BIND_THREADS", "0")
+# A template that matches a function and then fails is a test failure, not a slow fallback.
+os.environ.setdefault("TVM_HYBRID_STRICT", "1")
 
 import tvm_hybrid  # noqa: E402,F401  (sets thread defaults before TVM's pool starts)
 from tvm_hybrid.host import (  # noqa: E402

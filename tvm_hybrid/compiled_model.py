@@ -90,7 +90,10 @@ class CompiledModel:
         try:
             return _to_numpy(self.vm["main"](*args))
         except Exception as err:
-            raise self._run_error(err, bound) from None
+            error = self._run_error(err, bound)
+            if error is err:
+                raise
+            raise error from err
 
     def benchmark(self, *arrays, repeat: int = 30, min_repeat_ms: int = 50, **named) -> dict:
         """Time the model on the given inputs.
@@ -114,7 +117,10 @@ class CompiledModel:
         try:
             results = timer(*args).results
         except Exception as err:
-            raise self._run_error(err, bound) from None
+            error = self._run_error(err, bound)
+            if error is err:
+                raise
+            raise error from err
         return summarize_times(np.array(results) * 1e3)
 
     def _run_error(self, err: Exception, arrays: list[np.ndarray]) -> Exception:
@@ -239,7 +245,7 @@ class CompiledModel:
         try:
             self.executable.export_library(str(path))
         except Exception as err:
-            raise CompileError(f"could not export {path}: {err}") from None
+            raise CompileError(f"could not export {path}: {err}") from err
         from .compiler import model_metadata
 
         metadata = model_metadata(self.target, self.inputs)
@@ -269,7 +275,7 @@ def load(path: str | os.PathLike) -> CompiledModel:
         relax.VirtualMachine(lib, tvm.cpu())  # a Relax executable, not some other TVM module
     except Exception as err:
         raise ModelLoadError(f"{path} is not a loadable tvm_hybrid model "
-                             f"({first_line(err)})") from None
+                             f"({first_line(err)})") from err
     from .kernel_info import KernelInfo
 
     try:

@@ -24,7 +24,14 @@ from .compile_cache import (
 )
 from .compile_lock import COMPILER_LOCK
 from .compiled_model import CompiledModel
-from .errors import CompileError, OptionError, TargetError, TuningRecordsError, first_line
+from .errors import (
+    CompileError,
+    OptionError,
+    TargetError,
+    TemplateError,
+    TuningRecordsError,
+    first_line,
+)
 from .frontend import import_model, load_onnx
 from .frontend.importer import is_static, onnx_inputs
 from .host import make_target, target_to_dict
@@ -156,10 +163,12 @@ def _compile(model, tgt, params, tuning_records, input_shapes, pipeline, precisi
                 lowered = relax_pipeline(mod)
             passes.stack = ["code generation"]
             executable = tvm.compile(lowered, target=tgt, relax_pipeline=None)
+    except TemplateError:
+        raise
     except Exception as err:
         raise CompileError(f"TVM failed to compile {imported.source}"
                            f"{passes.where()}{_nodes_named(err, imported.node_labels)}: "
-                           f"{first_line(err)}") from None
+                           f"{first_line(err)}") from err
     return CompiledModel(executable, tgt, imported.inputs, lowered=lowered,
                          kernel_source=(recorder, imported.node_labels))
 

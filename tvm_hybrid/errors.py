@@ -45,3 +45,8 @@ class TuningRecordsError(TVMHybridError):
 
 class OptionError(TVMHybridError, ValueError):
     """An option has a value tvm_hybrid does not know (a precision, a pipeline, a count)."""
+
+
+class TemplateError(CompileError):
+    """An expert template failed on a function it had matched (raised in strict mode,
+    ``TVM_HYBRID_STRICT=1``; otherwise the function falls back with a warning)."""

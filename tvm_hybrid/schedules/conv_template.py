@@ -39,6 +39,7 @@ from ..host import cache_sizes
 from ..microkernels import Microkernel, fp32_microkernels, tensor_intrin
 from .gemm_template import TEMPLATE_ANNOTATION, accumulate_in_tile
 from .parallel_vectorize import inline_free_producers, schedule_blocks
+from .rule_failures import template_failed
 
 logger = logging.getLogger(__name__)
 
@@ -116,11 +117,12 @@ class ConvTemplate(ScheduleRule):
         done = {sch.get(block).name_hint}
         try:
             tile = schedule_conv(sch, block, shape, knobs)
+            done.update(sch.get(b).name_hint for b in sch.get_child_blocks(tile))
+            schedule_blocks(sch, target, done)
         except s_tir.ScheduleError as err:
-            logger.warning("the direct convolution template failed on %s: %s", shape, err)
+            template_failed("direct convolution template", func,
+                            f"{shape} with {knobs.kernel.name}", err)
             return None
-        done.update(sch.get(b).name_hint for b in sch.get_child_blocks(tile))
-        schedule_blocks(sch, target, done)
         return sch
 
 

@@ -42,6 +42,7 @@ from ..microkernels import (
 from ..thread_pool import num_threads
 from .gemm_analysis import GemmBlock, match_gemm
 from .parallel_vectorize import inline_free_producers, schedule_blocks
+from .rule_failures import template_failed
 
 logger = logging.getLogger(__name__)
 
@@ -90,33 +91,48 @@ def apply_template(
             or int8_microkernels(target, "int16") or bf16_microkernels(target)):
         return None
     sch = sch if sch is not None else s_tir.Schedule(func)
-    used: list[GemmKnobs] = []
-    try:
-        gemms = _prepare(sch)
-        if gemms is None:
-            return None
-        done: set[str] = set()
-        for index, gemm in enumerate(gemms):
-            chosen = knobs_for(gemm, target) if knobs is None else knobs[index]
-            if chosen is None:
-                continue
-            if not set(chosen.kernel.features) <= target_features(target):
-                # Never lower a microkernel the target lacks (AMX on a non-AMX CPU aborts
-                # LLVM): knobs from elsewhere (records, a caller) are declined here.
-                logger.warning("microkernel %s needs %s, which the target lacks; declined",
-                               chosen.kernel.name, "/".join(chosen.kernel.features))
-                return None
-            done.add(sch.get(gemm.block).name_hint)
-            tile_loop = schedule_gemm(sch, gemm, chosen)
-            done.update(sch.get(b).name_hint for b in sch.get_child_blocks(tile_loop))
-            used.append(chosen)
-        if not used:
-            return None
-        schedule_blocks(sch, target, done)
-    except Exception as err:  # noqa: BLE001 - any failure: let the next rule try
-        logger.debug("GemmTemplate declined %s: %s", func.attrs, err)
+    gemms = _prepare(sch)
+    if gemms is None:
         return None
-    return sch, used
+    chosen: list[tuple[GemmBlock, GemmKnobs]] = []
+    for index, gemm in enumerate(gemms):
+        picked = knobs_for(gemm, target) if knobs is None else knobs[index]
+        if picked is None:
+            continue
+        if not set(picked.kernel.features) <= target_features(target):
+            # Never lower a microkernel the target lacks (AMX on a non-AMX CPU aborts LLVM):
+            # knobs from elsewhere (records, a caller) are declined here.
+            logger.warning("microkernel %s needs %s, which the target lacks; declined",
+                           picked.kernel.name, "/".join(picked.kernel.features))
+            return None
+        if not knobs_fit(gemm, picked):
+            return None
+        chosen.append((gemm, picked))
+    if not chosen:
+        return None
+    try:
+        done: set[str] = set()
+        for gemm, picked in chosen:
+            done.add(sch.get(gemm.block).name_hint)
+            tile_loop = schedule_gemm(sch, gemm, picked)
+            done.update(sch.get(b).name_hint for b in sch.get_child_blocks(tile_loop))
+        schedule_blocks(sch, target, done)
+    except s_tir.ScheduleError as err:
+        template_failed("GEMM template", func,
+                        "; ".join(f"{g.shape} with {k.describe()}" for g, k in chosen), err)
+        return None
+    return sch, [k for _, k in chosen]
+
+
+def knobs_fit(gemm: GemmBlock, knobs: GemmKnobs) -> bool:
+    """Whether ``knobs`` tile ``gemm`` exactly (what the template can apply)."""
+    kernel, shape = knobs.kernel, gemm.shape
+    if gemm.packed_nr is not None and kernel.panel_width != gemm.packed_nr:
+        return False
+    if kernel.is_amx and shape.k % AMX_K_STEP[kernel.in_dtype]:
+        return False
+    return (shape.m % (kernel.mr * knobs.m_block) == 0
+            and shape.n % (kernel.nr * knobs.n_block) == 0)
 
 
 def template_gemms(func: tirx.PrimFunc, target: Target) -> list[GemmBlock]:

@@ -30,7 +30,9 @@ from tvm.s_tir.dlight.analysis import SBlockInfo, get_sblock_info, normalize_pri
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
+from ..errors import first_line
 from ..host import target_features
+from .rule_failures import NotApplicable, function_name
 
 logger = logging.getLogger(__name__)
 
@@ -57,8 +59,9 @@ class ParallelVectorize(ScheduleRule):
         try:
             if not _schedule(sch, target):
                 return None
-        except Exception as err:  # noqa: BLE001 - any failure means: keep stock lowering
-            logger.debug("ParallelVectorize left a function to stock lowering: %s", err)
+        except (s_tir.ScheduleError, NotApplicable) as err:
+            logger.debug("ParallelVectorize left %s to stock lowering: %s", function_name(func),
+                         first_line(err))
             return None
         return sch
 

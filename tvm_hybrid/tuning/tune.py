@@ -94,7 +94,7 @@ def _extract_tasks(model, target, input_shapes, params, others, precision, bind_
         raise
     except Exception as err:
         raise CompileError(f"TVM failed to prepare {imported.source} for tuning: "
-                           f"{first_line(err)}") from None
+                           f"{first_line(err)}") from err
     tasks, rest = [], []
     for item in extracted:
         space = TemplateSpace(item.dispatched[0]["main"], target)

@@ -1,0 +1,115 @@
+"""Schedule rules decline quietly, fail loudly: strict mode, warnings, causes kept.
+
+Runs on any x86 host: the functions are only scheduled for a named CPU, never run.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from tvm import s_tir, te
+
+import tvm_hybrid
+from tvm_hybrid.errors import TemplateError
+from tvm_hybrid.schedules import ConvTemplate, GemmTemplate, ParallelVectorize, gemm_template
+from tvm_hybrid.schedules.rule_failures import STRICT_VARIABLE, strict
+
+TARGET = tvm_hybrid.make_target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
+
+
+def _gemm_func(m=64, n=64, k=32):
+    a = te.placeholder((m, k), name="A")
+    b = te.placeholder((k, n), name="B")
+    r = te.reduce_axis((0, k), name="k")
+    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
+    return te.create_prim_func([a, b, c]).with_attr("global_symbol", "my_gemm")
+
+
+def _elementwise_func():
+    a = te.placeholder((64, 64), name="A")
+    c = te.compute((64, 64), lambda i, j: a[i, j] * 2.0, name="C")
+    return te.create_prim_func([a, c]).with_attr("global_symbol", "my_scale")
+
+
+@pytest.fixture
+def broken_microkernel(monkeypatch):
+    """The GEMM template tensorizes with an intrinsic for another K: TVM's tensorize fails."""
+    real = gemm_template.tensor_intrin
+    monkeypatch.setattr(gemm_template, "tensor_intrin", lambda kernel, k: real(kernel, k + 8))
+
+
+def test_strict_mode_reads_the_variable(monkeypatch):
+    for value, expected in [("1", True), ("yes", True), ("0", False), ("", False)]:
+        monkeypatch.setenv(STRICT_VARIABLE, value)
+        assert strict() is expected
+    monkeypatch.delenv(STRICT_VARIABLE)
+    assert not strict()
+
+
+def test_template_applies_cleanly_in_strict_mode(monkeypatch):
+    monkeypatch.setenv(STRICT_VARIABLE, "1")
+    assert GemmTemplate().apply(_gemm_func(), TARGET, False) is not None
+
+
+def test_failing_template_raises_in_strict_mode(monkeypatch, broken_microkernel):
+    monkeypatch.setenv(STRICT_VARIABLE, "1")
+    with pytest.raises(TemplateError) as info:
+        GemmTemplate().apply(_gemm_func(), TARGET, False)
+    message = str(info.value)
+    assert "GEMM template" in message and "my_gemm" in message and "64" in message
+    # TVM's error is kept as the cause (for --verbose and debuggers), not dropped.
+    assert isinstance(info.value.__cause__, s_tir.ScheduleError)
+
+
+def test_failing_template_warns_and_falls_back(monkeypatch, caplog, broken_microkernel):
+    monkeypatch.setenv(STRICT_VARIABLE, "0")
+    func = _gemm_func()
+    with caplog.at_level(logging.WARNING, logger="tvm_hybrid.schedules"):
+        assert GemmTemplate().apply(func, TARGET, False) is None
+    assert any("GEMM template failed on my_gemm" in r.getMessage() for r in caplog.records)
+    # The next rule still schedules the function (slower, but it compiles).
+    assert ParallelVectorize().apply(func, TARGET, False) is not None
+
+
+def test_declining_is_silent(monkeypatch, caplog):
+    """A function a template does not cover is declined without a warning or an error."""
+    monkeypatch.setenv(STRICT_VARIABLE, "1")
+    with caplog.at_level(logging.DEBUG, logger="tvm_hybrid.schedules"):
+        assert GemmTemplate().apply(_elementwise_func(), TARGET, False) is None
+        assert ConvTemplate().apply(_gemm_func(), TARGET, False) is None
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_a_bug_in_a_rule_is_not_swallowed(monkeypatch):
+    """Only ScheduleError and NotApplicable are caught: a Python error propagates, strict or
+    not (it used to become a silent fallback)."""
+    monkeypatch.setenv(STRICT_VARIABLE, "0")
+
+    def buggy(sch, gemm, knobs):
+        raise ZeroDivisionError("a bug in the template")
+
+    monkeypatch.setattr(gemm_template, "schedule_gemm", buggy)
+    with pytest.raises(ZeroDivisionError):
+        GemmTemplate().apply(_gemm_func(), TARGET, False)
+
+
+def test_knobs_that_do_not_tile_the_gemm_are_declined():
+    from tvm_hybrid.heuristics import GemmKnobs
+    from tvm_hybrid.microkernels import fp32_microkernels
+
+    kernel = next(k for k in fp32_microkernels(TARGET) if k.mr == 4 and k.nr == 16)
+    func = _gemm_func(64, 64, 32)
+    assert gemm_template.apply_template(func, TARGET, [GemmKnobs(kernel, 2, 2)]) is not None
+    assert gemm_template.apply_template(func, TARGET, [GemmKnobs(kernel, 3, 1)]) is None
+    assert gemm_template.apply_template(func, TARGET, [GemmKnobs(kernel, 1, 8)]) is None
+
+
+def test_template_error_reaches_the_user_through_compile(monkeypatch, broken_microkernel):
+    """Through ``tvm_hybrid.compile`` the TemplateError arrives as itself (a CompileError)."""
+    from tvm_hybrid import workloads
+
+    monkeypatch.setenv(STRICT_VARIABLE, "1")
+    model = workloads.mlp(8, (32, 64), final=None)
+    with pytest.raises(TemplateError, match="GEMM template failed"):
+        tvm_hybrid.compile(model.model, target=TARGET)
