@@ -17,9 +17,10 @@ import pytest
 import tvm
 
 import tvm_hybrid
-from tvm_hybrid import workloads
+from tvm_hybrid.bench import workloads
 from tvm_hybrid.host import host_features, make_target
-from tvm_hybrid.microkernels import AMX_BF16, AMX_INT8, amx_microkernels, ensure_tensor_intrin
+from tvm_hybrid.microkernels import ensure_tensor_intrin, microkernels_for
+from tvm_hybrid.microkernels.families.amx import AMX_BF16, AMX_INT8
 
 SPR = {"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 4}
 
@@ -33,11 +34,16 @@ def _template_notes(model) -> list[str]:
             for m in re.findall(r'"hybrid.gemm_template": "([^"]+)"', f.script())]
 
 
+def _blocks(target, dtype):
+    return [k for k in microkernels_for(target, dtype) if k.per_block]
+
+
 def test_amx_is_selected_only_with_amx_features():
-    assert amx_microkernels(make_target(SPR), "uint8") == [AMX_INT8]
-    assert amx_microkernels(make_target(SPR), "bfloat16") == [AMX_BF16]
+    assert _blocks(make_target(SPR), "uint8") == [AMX_INT8]
+    assert _blocks(make_target(SPR), "bfloat16") == [AMX_BF16]
+    assert microkernels_for(make_target(SPR), "uint8")[0] == AMX_INT8  # ahead of VNNI
     for mcpu in ("znver5", "icelake-server", "cooperlake"):
-        assert amx_microkernels(make_target({"kind": "llvm", "mcpu": mcpu}), "uint8") == []
+        assert _blocks(make_target({"kind": "llvm", "mcpu": mcpu}), "uint8") == []
     assert AMX_INT8.registers_used == 8 and AMX_INT8.fits_registers()
 
 
@@ -89,10 +95,10 @@ def test_nothing_amx_is_lowered_for_a_non_amx_target():
     script = textwrap.dedent("""
         import numpy as np, tvm
         import tvm_hybrid
-        from tvm_hybrid import workloads
+        from tvm_hybrid.bench import workloads
         from tvm_hybrid.heuristics import GemmKnobs
         from tvm_hybrid.host import host_features, make_target
-        from tvm_hybrid.microkernels import AMX_INT8
+        from tvm_hybrid.microkernels.families.amx import AMX_INT8
         from tvm_hybrid.schedules.gemm_template import apply_template, template_gemms
         from tvm_hybrid.tuning import extract_tasks
 

@@ -17,7 +17,7 @@ from onnx import numpy_helper
 from tvm import relax
 
 import tvm_hybrid
-from tvm_hybrid import workloads
+from tvm_hybrid.bench import workloads
 from tvm_hybrid.passes.bf16 import BF16_PACKED_MATMUL, pack_weight_bf16
 
 HASWELL = {"kind": "llvm", "mcpu": "haswell", "num-cores": 2}

@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import tvm_hybrid
-from tvm_hybrid import workloads
+from tvm_hybrid.bench import workloads
 
 
 def test_missing_file(tmp_path):
@@ -84,7 +84,7 @@ def test_amx_target_refused_on_cpu_without_amx():
     # Runs in a subprocess: were AMX code ever lowered for this CPU, LLVM would abort the process.
     code = (
         "import numpy as np, tvm_hybrid\n"
-        "from tvm_hybrid import workloads\n"
+        "from tvm_hybrid.bench import workloads\n"
         "wl = workloads.mlp(4, (8, 16))\n"
         "m = tvm_hybrid.compile(wl.model, {'kind': 'llvm', 'mcpu': 'sapphirerapids'})\n"
         "try:\n"

@@ -10,7 +10,7 @@ import onnx
 import pytest
 
 import tvm_hybrid
-from tvm_hybrid import workloads
+from tvm_hybrid.bench import workloads
 
 
 def _cli(*args, timeout=600):

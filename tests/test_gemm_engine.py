@@ -16,7 +16,7 @@ import tvm
 from onnx import TensorProto, helper, numpy_helper
 
 import tvm_hybrid
-from tvm_hybrid import workloads
+from tvm_hybrid.bench import workloads
 from tvm_hybrid.heuristics import (
     GemmShape,
     choose_blocks,
@@ -25,7 +25,8 @@ from tvm_hybrid.heuristics import (
     panel_width,
 )
 from tvm_hybrid.host import CacheSizes
-from tvm_hybrid.microkernels import FP32_MICROKERNELS, fp32_microkernels
+from tvm_hybrid.microkernels import microkernels_for
+from tvm_hybrid.microkernels.families import fma
 from tvm_hybrid.passes.prepack import pack_weight
 from tvm_hybrid.schedules.gemm_template import TEMPLATE_ANNOTATION
 
@@ -154,18 +155,18 @@ def test_microkernel_assembly(mcpu, register):
 
 
 def test_microkernel_descriptions_fit_register_files():
-    for family in FP32_MICROKERNELS.values():
-        assert family and all(k.fits_registers() for k in family)
-        assert {1, 2} <= {k.nr // k.lanes for k in family}
-    avx512 = FP32_MICROKERNELS["avx512"][0]
+    for family in (fma.AVX512, fma.AVX2):
+        assert family.kernels and all(k.fits_registers() for k in family.kernels)
+        assert {1, 2} <= {k.nr // k.lanes for k in family.kernels}
+    avx512 = fma.AVX512.first
     assert (avx512.lanes, avx512.num_registers) == (16, 32)
-    assert FP32_MICROKERNELS["avx2"][0].lanes == 8
+    assert fma.AVX2.first.lanes == 8
 
 
 def test_isa_is_picked_from_target_features():
     def isa(mcpu):
         target = tvm_hybrid.make_target({"kind": "llvm", "mcpu": mcpu})
-        kernels = fp32_microkernels(target)
+        kernels = microkernels_for(target, "float32")
         return kernels[0].isa if kernels else None
 
     assert isa("skylake-avx512") == "avx512"
@@ -177,7 +178,7 @@ def test_isa_is_picked_from_target_features():
 
 
 def test_heuristic_kernel_and_blocks():
-    kernels = FP32_MICROKERNELS["avx512"]
+    kernels = list(fma.AVX512.kernels)
     caches = CacheSizes(l1d=48 * 1024, l2=1024 * 1024, l3=32 << 20)
     for shape in (GemmShape(1, 1024, 1024, 1024), GemmShape(1, 128, 768, 3072),
                   GemmShape(1, 13, 32, 479), GemmShape(12, 128, 64, 128)):
@@ -313,7 +314,7 @@ def test_weights_prepacked_at_compile_time():
     ("znver3", "bf16", None), ("nehalem", "fp32", None),
 ])
 def test_peak_instruction_for_every_tier(mcpu, kind, instruction):
-    from tvm_hybrid.peak import _throughput_kernel, peak_instruction
+    from tvm_hybrid.bench.peak import _throughput_kernel, peak_instruction
 
     target = tvm_hybrid.make_target({"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
     found = peak_instruction(kind, target)
@@ -331,7 +332,7 @@ def test_peak_instruction_for_every_tier(mcpu, kind, instruction):
 
 @pytest.mark.parametrize("kind", ["fp32", "int8", "bf16"])
 def test_peak_measurement_is_plausible(kind):
-    from tvm_hybrid.peak import measure_peak, peak_instruction
+    from tvm_hybrid.bench.peak import measure_peak, peak_instruction
 
     if peak_instruction(kind) is None:
         pytest.skip(f"this host has no {kind} multiply-add instruction "

@@ -42,7 +42,7 @@ def test_isa_tiers_from_features():
 def test_thread_pool_uses_all_physical_cores_and_does_not_pin():
     code = (
         "import os, tvm_hybrid, numpy as np\n"
-        "from tvm_hybrid import workloads\n"
+        "from tvm_hybrid.bench import workloads\n"
         "before = os.sched_getaffinity(0)\n"
         "wl = workloads.mlp(64, (64, 64))\n"
         "tvm_hybrid.compile(wl.model)(wl.inputs['x'])\n"

@@ -12,12 +12,12 @@ import pytest
 import tvm
 
 import tvm_hybrid
-from tvm_hybrid import workloads
+from tvm_hybrid.bench import workloads
 from tvm_hybrid.host import make_target
 from tvm_hybrid.microkernels import (
     ensure_tensor_intrin,
-    int8_microkernels,
     integer_gemm_dtype,
+    microkernels_for,
     tensor_intrin,
 )
 from tvm_hybrid.passes.integer_gemm import (
@@ -33,7 +33,7 @@ HOST = make_target("host")
 def _host_int8_isa() -> str:
     """The integer family the host's GEMMs with s8 weights use."""
     dtype = integer_gemm_dtype(HOST, -128, 127)
-    return int8_microkernels(HOST, dtype)[0].isa
+    return microkernels_for(HOST, dtype, include_blocks=False)[0].isa
 
 
 def _template_notes(model) -> list[str]:
@@ -72,12 +72,12 @@ def test_s16_pair_packing_layout():
 
 def test_int8_microkernel_family_and_names():
     icelake = make_target({"kind": "llvm", "mcpu": "icelake-server"})
-    kernels = int8_microkernels(icelake)
+    kernels = microkernels_for(icelake, "uint8")
     assert kernels and all(k.in_dtype == "uint8" and k.acc_dtype == "int32" for k in kernels)
     assert all(k.k_step == 4 and k.fits_registers() for k in kernels)
     haswell = make_target({"kind": "llvm", "mcpu": "haswell"})
-    assert int8_microkernels(haswell) == []  # no u8 x s8 dot product without VNNI...
-    s16 = int8_microkernels(haswell, "int16")  # ...but the exact s16 kernel
+    assert microkernels_for(haswell, "uint8") == []  # no u8 x s8 dot product without VNNI...
+    s16 = microkernels_for(haswell, "int16")  # ...but the exact s16 kernel
     assert s16 and all(k.isa == "avx2_s16" and k.k_step == 2 and k.fits_registers() for k in s16)
     assert integer_gemm_dtype(haswell, -128, 127) == "int16"
     assert integer_gemm_dtype(icelake, -128, 127) == "uint8"

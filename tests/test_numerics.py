@@ -14,7 +14,7 @@ from tvm import relax
 from tvm.script import relax as R  # noqa: F401
 
 import tvm_hybrid
-from tvm_hybrid import workloads
+from tvm_hybrid.bench import workloads
 
 RTOL = ATOL = 1e-4
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 from conftest import CONFORMANCE
 
-from tvm_hybrid.conformance import cases, check_case
 from tvm_hybrid.onnx_backend import HybridBackend, StockTVMBackend
+from tvm_hybrid.testing.conformance import cases, check_case
 
 CASES = cases()
 
@@ -41,7 +41,7 @@ def test_backend_api_runs_a_model():
     import onnx.backend.base
 
     from tvm_hybrid import onnx_backend
-    from tvm_hybrid.workloads import mlp
+    from tvm_hybrid.bench.workloads import mlp
 
     wl = mlp(4, (8, 16, 4))
     assert issubclass(HybridBackend, onnx.backend.base.Backend)

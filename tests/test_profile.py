@@ -14,7 +14,8 @@ import pytest
 from onnx import TensorProto, helper
 
 import tvm_hybrid
-from tvm_hybrid import compiler, workloads
+from tvm_hybrid import compiler
+from tvm_hybrid.bench import workloads
 
 BERT = workloads.bert_layer(1, 32, hidden=128, heads=4, ffn=256)
 
@@ -144,7 +145,7 @@ def test_cache_is_bounded(tmp_path):
 def test_concurrent_processes_share_the_cache(tmp_path):
     code = textwrap.dedent(f"""
         import numpy as np, tvm_hybrid
-        from tvm_hybrid import workloads
+        from tvm_hybrid.bench import workloads
         wl = workloads.mlp(8, (32, 64, 16))
         out = tvm_hybrid.compile(wl.model, cache_dir={str(tmp_path)!r})(**wl.inputs)
         print(float(np.abs(out).sum()))

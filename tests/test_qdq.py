@@ -7,7 +7,7 @@ import pytest
 import tvm
 
 import tvm_hybrid
-from tvm_hybrid import workloads
+from tvm_hybrid.bench import workloads
 from tvm_hybrid.passes.qdq import (
     quantized_multiplier,
     requantization_constants,

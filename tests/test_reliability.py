@@ -21,8 +21,8 @@ import onnx
 import pytest
 
 import tvm_hybrid
-from tvm_hybrid import workloads
 from tvm_hybrid.artifact import file_digest
+from tvm_hybrid.bench import workloads
 from tvm_hybrid.testing import corpus
 
 PYTHON = [sys.executable, "-c"]
@@ -95,7 +95,7 @@ def test_one_model_called_from_eight_threads():
     """One CompiledModel shared by 8 threads (it segfaulted in 8 of 8 runs): same results."""
     out = _run("""
         import threading, numpy as np, tvm_hybrid
-        from tvm_hybrid import workloads
+        from tvm_hybrid.bench import workloads
         wl = workloads.bert_layer(1, 16, hidden=64, heads=4, ffn=128)
         model = tvm_hybrid.compile(wl.model)
         rng = np.random.default_rng(0)
@@ -119,7 +119,7 @@ def test_concurrent_compiles_in_threads():
     """Two models compiled at once in threads failed in most rounds ("nested op_tag")."""
     out = _run("""
         import threading, numpy as np, tvm_hybrid
-        from tvm_hybrid import workloads
+        from tvm_hybrid.bench import workloads
         wls = [workloads.mlp(8, (16, 32, 8)), workloads.attention(1, 16, heads=2),
                workloads.qdq_mlp(4, (32, 16)), workloads.bert_layer(1, 8, hidden=32, heads=2,
                                                                     ffn=64)]

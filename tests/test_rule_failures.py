@@ -96,9 +96,9 @@ def test_a_bug_in_a_rule_is_not_swallowed(monkeypatch):
 
 def test_knobs_that_do_not_tile_the_gemm_are_declined():
     from tvm_hybrid.heuristics import GemmKnobs
-    from tvm_hybrid.microkernels import fp32_microkernels
+    from tvm_hybrid.microkernels import microkernels_for
 
-    kernel = next(k for k in fp32_microkernels(TARGET) if k.mr == 4 and k.nr == 16)
+    kernel = next(k for k in microkernels_for(TARGET, "float32") if k.mr == 4 and k.nr == 16)
     func = _gemm_func(64, 64, 32)
     assert gemm_template.apply_template(func, TARGET, [GemmKnobs(kernel, 2, 2)]) is not None
     assert gemm_template.apply_template(func, TARGET, [GemmKnobs(kernel, 3, 1)]) is None
@@ -107,7 +107,7 @@ def test_knobs_that_do_not_tile_the_gemm_are_declined():
 
 def test_template_error_reaches_the_user_through_compile(monkeypatch, broken_microkernel):
     """Through ``tvm_hybrid.compile`` the TemplateError arrives as itself (a CompileError)."""
-    from tvm_hybrid import workloads
+    from tvm_hybrid.bench import workloads
 
     monkeypatch.setenv(STRICT_VARIABLE, "1")
     model = workloads.mlp(8, (32, 64), final=None)

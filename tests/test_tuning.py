@@ -14,7 +14,7 @@ import pytest
 import tvm
 
 import tvm_hybrid
-from tvm_hybrid import workloads
+from tvm_hybrid.bench import workloads
 from tvm_hybrid.cli import main as cli
 from tvm_hybrid.heuristics import knobs_from_dict
 from tvm_hybrid.host import make_target
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 @pytest.fixture(scope="module")
 def target():
     tgt = make_target("host")
-    if not tvm_hybrid.microkernels.fp32_microkernels(tgt):
+    if not tvm_hybrid.microkernels.microkernels_for(tgt, "float32"):
         pytest.skip("needs an AVX2 or AVX-512 host (the template's microkernels)")
     return tgt
 

@@ -11,7 +11,7 @@ exporting the model to a shared library.
 # %%
 # Build a model
 # -------------
-# ``tvm_hybrid.workloads`` builds the paper's workloads as ONNX models with random weights.
+# ``tvm_hybrid.bench.workloads`` builds the paper's workloads as ONNX models with random weights.
 # Any ``.onnx`` file path or ``onnx.ModelProto`` works the same way.
 import tempfile
 from pathlib import Path
@@ -21,7 +21,7 @@ import tvm
 from tvm import relax
 
 import tvm_hybrid
-from tvm_hybrid import workloads
+from tvm_hybrid.bench import workloads
 
 print(tvm_hybrid.describe_host())
 wl = workloads.mlp(32, (13, 512, 256, 128), name="mlp1")

@@ -27,7 +27,7 @@ import tvm
 from onnx import numpy_helper
 
 import tvm_hybrid
-from tvm_hybrid import workloads
+from tvm_hybrid.bench import workloads
 from tvm_hybrid.heuristics import panel_width
 from tvm_hybrid.passes.prepack import pack_weight
 

@@ -22,9 +22,9 @@ import re
 import numpy as np
 
 import tvm_hybrid
-from tvm_hybrid import workloads
+from tvm_hybrid.bench import workloads
 from tvm_hybrid.host import make_target
-from tvm_hybrid.microkernels import bf16_microkernels, integer_gemm_dtype
+from tvm_hybrid.microkernels import integer_gemm_dtype, microkernels_for
 
 target = make_target("host")
 dims = (479, 1024, 1024, 512, 256, 1)
@@ -81,8 +81,9 @@ if dtype is not None:
 # accumulates in fp32. Expect a relative error around 1e-3 on a GEMM's output. Without
 # AVX512-BF16 the bf16 weights are widened to fp32 inside the microkernel (emulated bf16
 # compute: the same results, half the weight memory, fp32 speed).
-if bf16_microkernels(target):
-    print("bf16 microkernels:", bf16_microkernels(target)[0].isa)
+bf16_kernels = microkernels_for(target, "bfloat16", include_blocks=False)
+if bf16_kernels:
+    print("bf16 microkernels:", bf16_kernels[0].isa)
     bert = workloads.bert_layer(1, 128)
     bert_fp32 = tvm_hybrid.compile(bert.model, target)
     bert_bf16 = tvm_hybrid.compile(bert.model, target, precision="bf16")

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 import tvm_hybrid
-from tvm_hybrid import workloads
+from tvm_hybrid.bench import workloads
 from tvm_hybrid.host import make_target
 from tvm_hybrid.tuning import extract_tasks, load_records
 

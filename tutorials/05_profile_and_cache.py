@@ -24,7 +24,7 @@ import onnx
 import onnx.backend.test
 
 import tvm_hybrid
-from tvm_hybrid import workloads
+from tvm_hybrid.bench import workloads
 
 bert = workloads.bert_layer(1, 128)
 model = tvm_hybrid.compile(bert.model)

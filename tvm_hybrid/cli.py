@@ -315,7 +315,7 @@ def _read_npz(path: str) -> dict[str, np.ndarray]:
 
 
 def _cmd_bench(args) -> int:
-    from .comparison import compare, format_table
+    from .bench.comparison import compare, format_table
     from .frontend import import_model, load_onnx
     from .host import make_target
 
@@ -333,9 +333,9 @@ def _cmd_bench(args) -> int:
 
 
 def _cmd_demo(args) -> int:
-    from .comparison import compare, format_table
+    from .bench.comparison import compare, format_table
+    from .bench.workloads import demo_workloads
     from .host import describe_host
-    from .workloads import demo_workloads
 
     host = describe_host()
     print(f"host: {host['cpu']}, {host['physical_cores']} cores, TVM threads {host['threads']}, "

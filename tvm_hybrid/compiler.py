@@ -36,7 +36,7 @@ from .frontend import import_model, load_onnx
 from .frontend.importer import is_static, onnx_inputs
 from .host import make_target, target_to_dict
 from .kernel_info import KernelRecorder
-from .microkernels import bf16_microkernels
+from .microkernels import microkernels_for
 from .pipeline import PRECISIONS, hybrid_pipeline
 from .specializing_model import DEFAULT_MAX_SPECIALIZATIONS, SpecializingModel
 
@@ -227,7 +227,7 @@ def check_precision(precision: str, target: tvm.target.Target) -> None:
         raise OptionError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if precision != "bf16":
         return
-    kernels = bf16_microkernels(target)
+    kernels = microkernels_for(target, "bfloat16", include_blocks=False)
     if not kernels:
         raise TargetError(
             f"precision='bf16' needs AVX2 or AVX-512, which target mcpu="

@@ -11,9 +11,9 @@ The model, in the spirit of the oneDNN Graph Compiler's:
 1. **Microkernel.** Among the kernels whose ``mr`` divides ``M`` and ``nr`` divides ``N`` (no
    tails), take the one with the most FMAs per load, ``(mr * nr / lanes) / (mr + nr / lanes)``,
    needing at least 8 accumulators to cover FMA latency when ``M`` allows; ties go to the
-   wider tile (fewer broadcasts of ``A``). Constant weights are packed for the panel width
-   ``nr`` of the kernel this rule picks with ``N`` padded (:func:`panel_width`), and the
-   template then chooses among kernels of that width.
+   wider tile (fewer broadcasts of ``A``). :func:`select` ranks a target's kernels so, for
+   the passes that pack constant weights (with ``N`` padded: :func:`panel_width`), for the
+   template (among kernels of the packed width) and for the tuner.
 2. **Blocks.** Over divisors ``mb`` of ``M / mr`` and ``nb`` of ``N / nr``, minimise::
 
        cost = (1 / (nb * nr) + 1 / (mb * mr)) / balance + overhead / (mb * nb * mr * nr)
@@ -34,7 +34,7 @@ import math
 from tvm.target import Target
 
 from .host import CacheSizes
-from .microkernels import AMX_K_STEP, Microkernel, amx_microkernels, microkernels_for
+from .microkernels import Microkernel, microkernels_for
 
 # Accumulators needed to hide FMA latency: 2 FMA pipes x 4 cycles.
 _MIN_ACCUMULATORS = 8
@@ -78,6 +78,28 @@ class GemmKnobs:
                 "order": self.order}
 
 
+def select(target: Target, in_dtype: str, shape: GemmShape, *, panel: int | None = None,
+           packing: bool = False) -> list[Microkernel]:
+    """The microkernels of ``target`` that compute ``shape``, best first (rule 1's ranking).
+
+    The one place a GEMM's kernel, hence its weight layout, is chosen: by the prepacking passes
+    (``packing=True``: ``N`` and ``K`` will be padded to the kernel's layout, so only ``mr``
+    must divide ``M``), by the template and by the tuner (``panel``: the width the weights were
+    packed with). Per-block kernels (AMX) need whole tiles of the unpadded shape either way.
+    """
+    out = []
+    for kernel in microkernels_for(target, in_dtype):
+        if panel is not None and kernel.panel_width != panel:
+            continue
+        if shape.m % kernel.mr:
+            continue
+        whole = shape.n % kernel.nr == 0 and shape.k % kernel.k_granule == 0
+        if (kernel.per_block or not packing) and not whole:
+            continue
+        out.append(kernel)
+    return sorted(out, key=_kernel_score, reverse=True)
+
+
 def choose_kernel(shape: GemmShape, kernels: list[Microkernel]) -> Microkernel | None:
     """The microkernel for ``shape`` (rule 1 of the module docstring), or None if none fits."""
     fitting = [k for k in kernels if shape.m % k.mr == 0 and shape.n % k.nr == 0]
@@ -96,18 +118,12 @@ def _kernel_score(k: Microkernel) -> tuple:
 def panel_width(target: Target, in_dtype: str, m: int, n: int, k: int) -> int | None:
     """Panel width to pack constant ``B`` with for an ``m x n x k`` GEMM, or None if no kernel.
 
-    AMX (16-column panels) when the target has it and the shape is a whole number of AMX tiles
-    (``m``, ``n`` multiples of 32, ``k`` of the tile step); else the ``nr`` of the kernel rule 1
-    picks when ``N`` is padded to any panel width.
+    The panel of the best kernel :func:`select` offers with ``N`` and ``K`` padded by the
+    packing: AMX (16-column panels) when the target has it and the shape is a whole number of
+    AMX tiles, else the ``nr`` of the best vector tile whose ``mr`` divides ``m``.
     """
-    amx = amx_microkernels(target, in_dtype)
-    if amx and m % 32 == 0 and n % 32 == 0 and k % AMX_K_STEP[in_dtype] == 0:
-        return amx[0].panel_width
-    family = microkernels_for(target, in_dtype, include_amx=False)
-    if not family:
-        return None
-    fitting = [kernel for kernel in family if m % kernel.mr == 0]
-    return max(fitting, key=_kernel_score).nr if fitting else family[0].nr
+    kernels = select(target, in_dtype, GemmShape(1, m, n, k), packing=True)
+    return kernels[0].panel_width if kernels else None
 
 
 def choose_blocks(shape: GemmShape, kernel: Microkernel, caches: CacheSizes,

@@ -26,19 +26,11 @@ from tvm.target import Target, codegen
 from .errors import TargetError
 from .thread_pool import num_threads, physical_cores
 
-# The ISA tiers tvm_hybrid's microkernels care about, each as (name shown to users, LLVM features
-# that must all be present). Ordered from oldest to newest.
-ISA_TIERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("avx2", ("avx2", "fma")),
-    ("avx512", ("avx512f", "avx512bw", "avx512vl", "avx512dq")),
-    ("avx512_vnni", ("avx512vnni",)),
-    ("avx_vnni", ("avxvnni",)),
-    ("avx512_bf16", ("avx512bf16",)),
-    ("amx_int8", ("amx-tile", "amx-int8")),
-    ("amx_bf16", ("amx-tile", "amx-bf16")),
-)
-
 _AMX_FEATURES = ("amx-tile", "amx-int8", "amx-bf16")
+# Vector features LLVM may use in any code (not only the microkernels'): a CPU lacking them
+# faults on code built for them.
+_WATCHED_FEATURES = frozenset({"avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl",
+                               "avx512dq", "avx512fp16"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,8 +100,11 @@ def host_features() -> frozenset[str]:
 
 
 def isa_tiers(features: frozenset[str]) -> list[str]:
-    """The :data:`ISA_TIERS` names whose features are all in ``features``."""
-    return [name for name, needed in ISA_TIERS if all(f in features for f in needed)]
+    """The ISA tiers of the registered microkernel families (``avx2``, ``avx512``,
+    ``avx512_vnni``, ``amx_int8``...) whose features are all in ``features``, oldest first."""
+    from .microkernels import isa_tiers as tiers  # the registry needs this module first
+
+    return [name for name, needed in tiers() if all(f in features for f in needed)]
 
 
 @cache
@@ -268,7 +263,9 @@ def check_runnable_here(target: Target) -> None:
 
 def _isa_features(target: Target) -> frozenset[str]:
     """The vector/matrix ISA features of ``target`` that matter for running its code."""
-    watched = {f for _, needed in ISA_TIERS for f in needed} | {"avx", "avx512fp16"}
+    from .microkernels import isa_tiers as tiers
+
+    watched = {f for _, needed in tiers() for f in needed} | _WATCHED_FEATURES
     return frozenset(f for f in target_features(target) if f in watched)
 
 
@@ -291,8 +288,8 @@ def describe_host() -> dict:
     -------
     dict
         ``cpu`` (LLVM's name), ``model`` (the CPU's own name), ``physical_cores``, ``threads``
-        (TVM's pool size), ``isa`` (the :data:`ISA_TIERS` found), ``cache`` (bytes), ``llvm``
-        and ``tvm`` versions; and
+        (TVM's pool size), ``isa`` (the ISA tiers found, :func:`isa_tiers`), ``cache``
+        (bytes), ``llvm`` and ``tvm`` versions; and
         ``emulating`` when :data:`HOST_CPU_VARIABLE` makes the machine act as another CPU.
     """
     info = {

@@ -133,7 +133,7 @@ def _short(name: str, width: int) -> str:
 
 @cache
 def _peak_gops(kind: str) -> float | None:
-    from .peak import measure_peak, peak_instruction
+    from .bench.peak import measure_peak, peak_instruction
 
     if not kind:
         return None

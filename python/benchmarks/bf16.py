@@ -1,6 +1,6 @@
 """bf16: hybrid's ``precision="bf16"`` mode against OpenVINO's default (bf16) precision.
 
-A 1024³ GEMM (against the bf16 peak measured by ``tvm_hybrid.peak``; on CPUs without
+A 1024³ GEMM (against the bf16 peak measured by ``tvm_hybrid.bench.peak``; on CPUs without
 AVX512-BF16, where hybrid emulates bf16 compute, against the fp32 peak) and a BERT-base encoder
 layer at batch 1 and 8. Every bf16 output is compared with hybrid's fp32 output
 (the error a user accepts with bf16 is printed); all runtimes are timed interleaved in one
@@ -16,10 +16,10 @@ import argparse
 import numpy as np
 
 import tvm_hybrid
-from tvm_hybrid import workloads
-from tvm_hybrid.comparison import compare, format_ratios, host_banner
-from tvm_hybrid.peak import measure_peak, peak_instruction
-from tvm_hybrid.peers import make_runner
+from tvm_hybrid.bench import workloads
+from tvm_hybrid.bench.comparison import compare, format_ratios, host_banner
+from tvm_hybrid.bench.peak import measure_peak, peak_instruction
+from tvm_hybrid.bench.peers import make_runner
 
 #: hybrid (fp32) first: every runtime's output is checked against it, within bf16's error.
 PEERS = ["hybrid", "hybrid_bf16", "openvino_default", "openvino", "onnxruntime"]

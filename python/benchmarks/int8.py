@@ -2,7 +2,7 @@
 
 Each runtime's output is checked bit for bit against an int64 numpy reference, then all are
 timed interleaved in one process (medians). GOP/s are printed against the int8 peak measured by
-``tvm_hybrid.peak`` on this CPU: ``vpdpbusd`` with VNNI, else ONNX Runtime's (saturating)
+``tvm_hybrid.bench.peak`` on this CPU: ``vpdpbusd`` with VNNI, else ONNX Runtime's (saturating)
 ``vpmaddubsw`` + ``vpmaddwd`` sequence on AVX2. This prints ratios; it is not a test.
 
     python python/benchmarks/int8.py [--rounds 15] [--peers hybrid,onnxruntime,openvino]
@@ -15,10 +15,10 @@ import argparse
 import numpy as np
 
 import tvm_hybrid
-from tvm_hybrid import workloads
-from tvm_hybrid.comparison import compare, format_ratios, host_banner
-from tvm_hybrid.peak import measure_peak
-from tvm_hybrid.peers import available, make_runner
+from tvm_hybrid.bench import workloads
+from tvm_hybrid.bench.comparison import compare, format_ratios, host_banner
+from tvm_hybrid.bench.peak import measure_peak
+from tvm_hybrid.bench.peers import available, make_runner
 
 
 def main() -> None:

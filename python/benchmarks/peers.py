@@ -3,7 +3,7 @@
 The oneDNN Graph Compiler paper's fp32 workloads (MLP_1, MLP_2, BERT-base MHA, a BERT-base
 encoder layer, a 1024³ GEMM) are built as ONNX, every runtime's outputs are checked against stock
 TVM's, and then all runtimes are timed interleaved in one process; medians are printed with
-GFLOP/s, % of the machine's measured fp32 peak (``tvm_hybrid.peak``) and the speed-up over the
+GFLOP/s, % of the machine's measured fp32 peak (``tvm_hybrid.bench.peak``) and the speed-up over the
 first runtime listed (stock TVM by default), then hybrid's speed ratio over each other runtime.
 This prints ratios; it is not a test.
 
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import argparse
 
-from tvm_hybrid import workloads
-from tvm_hybrid.comparison import compare, format_ratios, format_table, host_banner
-from tvm_hybrid.peak import measure_fp32_peak
+from tvm_hybrid.bench import workloads
+from tvm_hybrid.bench.comparison import compare, format_ratios, format_table, host_banner
+from tvm_hybrid.bench.peak import measure_fp32_peak
 
 
 def main() -> None:

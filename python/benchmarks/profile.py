@@ -19,8 +19,8 @@ import numpy as np
 import onnx.backend.test
 
 import tvm_hybrid
-from tvm_hybrid import workloads
-from tvm_hybrid.comparison import host_banner
+from tvm_hybrid.bench import workloads
+from tvm_hybrid.bench.comparison import host_banner
 
 
 def main() -> None:

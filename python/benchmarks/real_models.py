@@ -19,8 +19,8 @@ import numpy as np
 import onnx
 
 import tvm_hybrid
-from tvm_hybrid import peers
-from tvm_hybrid.comparison import host_banner, time_interleaved
+from tvm_hybrid.bench import peers
+from tvm_hybrid.bench.comparison import host_banner, time_interleaved
 from tvm_hybrid.frontend.fold import fold_constants
 from tvm_hybrid.testing import zoo
 

@@ -19,8 +19,9 @@ import tvm
 from onnx import TensorProto, helper, numpy_helper
 
 import tvm_hybrid
-from tvm_hybrid import pipeline, workloads
-from tvm_hybrid.comparison import host_banner, time_interleaved
+from tvm_hybrid import pipeline
+from tvm_hybrid.bench import workloads
+from tvm_hybrid.bench.comparison import host_banner, time_interleaved
 
 
 def embedded_bert_layer(batch: int, seq: int = 128, vocab: int = 30522) -> tuple:

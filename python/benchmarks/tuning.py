@@ -29,8 +29,8 @@ from tvm import relax
 from tvm.s_tir import meta_schedule as ms
 
 import tvm_hybrid
-from tvm_hybrid import workloads
-from tvm_hybrid.comparison import host_banner, time_interleaved
+from tvm_hybrid.bench import workloads
+from tvm_hybrid.bench.comparison import host_banner, time_interleaved
 from tvm_hybrid.frontend import import_model
 
 #: (workload, hybrid trials); stock MetaSchedule gets 4x as many.

@@ -33,7 +33,7 @@ import numpy as np
 from onnx import numpy_helper
 
 import tvm_hybrid
-from tvm_hybrid import workloads
+from tvm_hybrid.bench import workloads
 
 SPR = '{"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 16}'
 SKIP = ("libtvm_compiler.so", "libtvm_runtime_cuda.so",

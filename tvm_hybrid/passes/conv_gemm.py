@@ -38,7 +38,7 @@ from tvm.target import Target
 
 from ..errors import first_line
 from ..heuristics import panel_width
-from ..microkernels import fp32_microkernels
+from ..microkernels import microkernels_for
 from ..schedules.conv_template import DIRECT_CONV_BLOCK, choose_conv_kernel
 from .relax_rewrite import (
     bound_value,
@@ -473,7 +473,7 @@ class _Rewriter(relax.PyExprMutator):
         if strides != (1, 1) or kh * kw == 1 or c < _MIN_DIRECT_DEPTH:
             return None
         nr = panel_width(self.target, "float32", out_hw[0] * out_hw[1], o, c)
-        if nr is None or choose_conv_kernel(fp32_microkernels(self.target), out_hw[1],
+        if nr is None or choose_conv_kernel(microkernels_for(self.target, "float32"), out_hw[1],
                                             nr) is None:
             return None
         bb = self.builder_

@@ -36,7 +36,7 @@ from tvm.target import Target
 
 from ..heuristics import divisors
 from ..host import cache_sizes
-from ..microkernels import Microkernel, fp32_microkernels, tensor_intrin
+from ..microkernels import Microkernel, microkernels_for, tensor_intrin
 from .gemm_template import TEMPLATE_ANNOTATION, accumulate_in_tile
 from .parallel_vectorize import inline_free_producers, schedule_blocks
 from .rule_failures import template_failed
@@ -82,7 +82,7 @@ def choose_conv_kernel(kernels: list[Microkernel], width: int, panel: int) -> Mi
 
 def conv_knobs(shape: ConvShape, target: Target) -> ConvKnobs | None:
     """The heuristic knobs for ``shape`` on ``target`` (None when no microkernel fits)."""
-    kernel = choose_conv_kernel(fp32_microkernels(target), shape.width, shape.panel)
+    kernel = choose_conv_kernel(microkernels_for(target, "float32"), shape.width, shape.panel)
     if kernel is None:
         return None
     tiles = shape.width // kernel.mr
@@ -97,7 +97,7 @@ class ConvTemplate(ScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
             return None
-        if not fp32_microkernels(target):
+        if not microkernels_for(target, "float32"):
             return None
         sch = s_tir.Schedule(func)
         root = sch.get_sblock("root")

@@ -27,18 +27,9 @@ from tvm.s_tir.dlight.analysis import get_sblock_info
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from ..heuristics import GemmKnobs, choose_knobs
+from ..heuristics import GemmKnobs, choose_knobs, select
 from ..host import cache_sizes, target_features
-from ..microkernels import (
-    AMX_K_STEP,
-    Microkernel,
-    amx_tensor_intrin,
-    bf16_microkernels,
-    fp32_microkernels,
-    int8_microkernels,
-    microkernels_for,
-    tensor_intrin,
-)
+from ..microkernels import Microkernel, has_gemm_kernels, tensor_intrin
 from ..thread_pool import num_threads
 from .gemm_analysis import GemmBlock, match_gemm
 from .parallel_vectorize import inline_free_producers, schedule_blocks
@@ -87,8 +78,7 @@ def apply_template(
     """
     if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
         return None
-    if not (fp32_microkernels(target) or int8_microkernels(target)
-            or int8_microkernels(target, "int16") or bf16_microkernels(target)):
+    if not has_gemm_kernels(target):
         return None
     sch = sch if sch is not None else s_tir.Schedule(func)
     gemms = _prepare(sch)
@@ -129,7 +119,7 @@ def knobs_fit(gemm: GemmBlock, knobs: GemmKnobs) -> bool:
     kernel, shape = knobs.kernel, gemm.shape
     if gemm.packed_nr is not None and kernel.panel_width != gemm.packed_nr:
         return False
-    if kernel.is_amx and shape.k % AMX_K_STEP[kernel.in_dtype]:
+    if shape.k % kernel.k_granule:
         return False
     return (shape.m % (kernel.mr * knobs.m_block) == 0
             and shape.n % (kernel.nr * knobs.n_block) == 0)
@@ -147,12 +137,9 @@ def template_gemms(func: tirx.PrimFunc, target: Target) -> list[GemmBlock]:
 
 
 def candidate_kernels(gemm: GemmBlock, target: Target) -> list[Microkernel]:
-    """Microkernels that tile ``gemm`` with no tail (what a tuner may choose from)."""
-    kernels = microkernels_for(target, gemm.dtype)
-    if gemm.packed_nr is not None:
-        kernels = [k for k in kernels if k.panel_width == gemm.packed_nr]
-    kernels = [k for k in kernels if not k.is_amx or gemm.shape.k % AMX_K_STEP[k.in_dtype] == 0]
-    return [k for k in kernels if gemm.shape.m % k.mr == 0 and gemm.shape.n % k.nr == 0]
+    """Microkernels that tile ``gemm`` with no tail (what a tuner may choose from), best
+    first."""
+    return select(target, gemm.dtype, gemm.shape, panel=gemm.packed_nr)
 
 
 def _prepare(sch: s_tir.Schedule) -> list[GemmBlock] | None:
@@ -182,8 +169,8 @@ def knobs_for(gemm: GemmBlock, target: Target) -> GemmKnobs | None:
 
 def schedule_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
     """Apply the template to ``gemm`` with ``knobs``; return the loop of one register tile."""
-    if knobs.kernel.is_amx:
-        return schedule_amx_gemm(sch, gemm, knobs)
+    if knobs.kernel.per_block:
+        return schedule_block_gemm(sch, gemm, knobs)
     kernel = knobs.kernel
     block = gemm.block
     *batch, i, j, k = sch.get_loops(block)
@@ -217,7 +204,7 @@ def schedule_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
     return tile
 
 
-def schedule_amx_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
+def schedule_block_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
     """The template with the AMX microkernel; return the loop of one block.
 
     AMX state (the tile configuration) is per thread, so the microkernel covers a whole block:
@@ -242,9 +229,10 @@ def schedule_amx_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
     blocks = sch.fuse(*batch, io, jo, preserve_unit_iters=True)
     sch.parallel(blocks)
     accumulate_in_tile(sch, block, blocks, ii)
-    sch.tensorize(ii, amx_tensor_intrin(kernel, rows, cols, gemm.shape.k))
+    sch.tensorize(ii, tensor_intrin(kernel, gemm.shape.k, (rows, cols)))
     sch.annotate(blocks, TEMPLATE_ANNOTATION,
-                 f"amx {kernel.in_dtype} 32x32 tiles per block, K={gemm.shape.k}")
+                 f"{kernel.isa} {kernel.in_dtype} {kernel.mr}x{kernel.nr} tiles per block, "
+                 f"K={gemm.shape.k}")
     return blocks
 
 

@@ -31,7 +31,7 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
 from ..errors import first_line
-from ..host import target_features
+from ..microkernels import vector_bits
 from .rule_failures import NotApplicable, function_name
 
 logger = logging.getLogger(__name__)
@@ -44,9 +44,7 @@ _TILE_ROWS = (6, 4, 3, 2, 1)
 
 def vector_lanes(target: Target, dtype: str) -> int:
     """Elements of ``dtype`` in one vector register of ``target`` (zmm, ymm or xmm)."""
-    features = target_features(target)
-    bits = 512 if "avx512f" in features else 256 if "avx2" in features else 128
-    return max(1, bits // tvm.DataType(dtype).bits)
+    return max(1, vector_bits(target) // tvm.DataType(dtype).bits)
 
 
 class ParallelVectorize(ScheduleRule):

@@ -46,7 +46,7 @@ def host_banner() -> str:
     """What a benchmark ran on: the CPU, its ISA tier, cores and threads (one line), plus a
     note when ``TVM_HYBRID_HOST_CPU`` emulates another CPU (hybrid then compiles for that CPU,
     while peer runtimes pick their code from the real one)."""
-    from .host import describe_host
+    from ..host import describe_host
 
     info = describe_host()
     tiers = info["isa"]
@@ -78,7 +78,7 @@ def compare(
     Parameters
     ----------
     peers
-        Runtime names from :data:`tvm_hybrid.peers.PEERS`; the first one that runs is the
+        Runtime names from :data:`tvm_hybrid.bench.peers.PEERS`; the first one that runs is the
         reference for the output check (put ``"tvm"``, stock TVM, first to check against it).
     rounds
         Timing rounds; each round times every peer once.

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import numpy as np
 import onnx
 
-from .thread_pool import physical_cores
+from ..thread_pool import physical_cores
 
 Runner = Callable[[dict[str, np.ndarray]], list[np.ndarray]]
 
@@ -38,7 +38,7 @@ def available(name: str) -> bool:
 def make_runner(name: str, model: onnx.ModelProto, target="host") -> Runner:
     """Compile ``model`` with the peer ``name`` and return a callable running it."""
     if name in ("hybrid", "tvm", "hybrid_bf16"):
-        from .compiler import compile as hybrid_compile
+        from ..compiler import compile as hybrid_compile
 
         compiled = hybrid_compile(model, target, pipeline="stock" if name == "tvm" else "hybrid",
                                   precision="bf16" if name == "hybrid_bf16" else "fp32")

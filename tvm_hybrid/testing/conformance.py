@@ -4,7 +4,7 @@ Cases come from ``onnx/backend/test/data/`` (kinds ``pytorch-converted``, ``pyto
 ``simple`` and ``real``, the last being the light CNN models: ResNet-50, DenseNet, Inception,
 VGG, ...), loaded with onnx's own loader and compared with its own ``assert_similar_outputs``
 and per-case tolerances. :func:`check_case` runs one case through one ONNX backend
-(:mod:`tvm_hybrid.onnx_backend`). Run ``python -m tvm_hybrid.conformance`` for the counts.
+(:mod:`tvm_hybrid.onnx_backend`). Run ``python -m tvm_hybrid.testing.conformance`` for the counts.
 """
 
 from __future__ import annotations
@@ -111,8 +111,8 @@ def check_case(case: Case, backend) -> Outcome:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print stock-vs-hybrid conformance counts (``python -m tvm_hybrid.conformance``)."""
-    from .onnx_backend import HybridBackend, StockTVMBackend
+    """Print stock-vs-hybrid conformance counts (``python -m tvm_hybrid.testing.conformance``)."""
+    from ..onnx_backend import HybridBackend, StockTVMBackend
 
     kinds = tuple(argv or sys.argv[1:]) or KINDS
     counts = {"both": 0, "stock_only": 0, "hybrid_only": 0, "neither": 0}

@@ -33,9 +33,9 @@ import tvm
 from tvm.script import tirx as T
 from tvm.target import Target
 
-from .host import host_target, target_features
-from .microkernels import _DPBF16PS_IR
-from .thread_pool import num_threads
+from ..host import host_target, target_features
+from ..microkernels.families.bf16_dot import DPBF16PS_IR
+from ..thread_pool import num_threads
 
 FMA_PIPES = 2
 _PANEL = 64  # steps whose operands cycle through L1
@@ -171,7 +171,7 @@ def _throughput_kernel(kind: str, instruction: str, lanes: int, mr: int, nv: int
         return acc + T.call_llvm_pure_intrin(vec, "llvm.x86.avx2.pmadd.wd", pairs,
                                              T.broadcast(T.int16(1), 16))
 
-    annotations = {"pragma_import_llvm": _DPBF16PS_IR} if kind == "bf16" else {}
+    annotations = {"pragma_import_llvm": DPBF16PS_IR} if kind == "bf16" else {}
 
     @T.prim_func
     def kernel(A: T.Buffer((cores, _PANEL, mr), in_dtype),

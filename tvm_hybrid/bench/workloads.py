@@ -155,7 +155,7 @@ def qdq_reference(wl: Workload) -> np.ndarray:
     exact in integers, with bias and requantization in the integer arithmetic of
     ``tvm_hybrid.passes.qdq`` (fixed-point multiplier, bias with the multiplier's precision).
     """
-    from .passes.qdq import requantization_constants, requantize_reference
+    from ..passes.qdq import requantization_constants, requantize_reference
 
     inits = {t.name: numpy_helper.to_array(t) for t in wl.model.graph.initializer}
     nodes = list(wl.model.graph.node)

@@ -1,0 +1,71 @@
+"""GEMM microkernels declared as data, one family per module, found through one registry.
+
+A :class:`Microkernel` is a register tile (ISA, dtypes, ``mr x nr``, vector width, registers,
+packed-weight layout); a :class:`Family` groups the tiles one ISA offers for one operand dtype
+with the generator of their TIR tensor intrinsics. Each module of ``families/`` registers its
+families when this package is imported, so a new ISA or dtype is one new module there (see the
+README's "Extending" section)::
+
+    C[mr, nr] (accumulators in registers) += sum_k A[mr, k] * B_packed[k, nr]
+
+Selection for a GEMM shape is :func:`tvm_hybrid.heuristics.select`; the weight layout follows
+from the kernel chosen (:attr:`Microkernel.weight_layout`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from . import families as _families
+from . import registry
+from .kernel import Family, Microkernel, vector_tiles
+from .registry import (
+    all_families,
+    best_vector_family,
+    ensure_tensor_intrin,
+    family_of,
+    has_gemm_kernels,
+    isa_tiers,
+    microkernel_by_name,
+    microkernels_for,
+    register_family,
+    supported_families,
+    tensor_intrin,
+    vector_bits,
+)
+
+for _module in pkgutil.iter_modules(_families.__path__):
+    importlib.import_module(f"{_families.__name__}.{_module.name}")
+
+
+def integer_gemm_dtype(target, weight_min: int, weight_max: int) -> str | None:
+    """The operand dtype of the best integer GEMM ``target`` has for these weights.
+
+    ``"uint8"`` where the CPU has a u8 x s8 dot product (VNNI, AMX) and the weights fit in s8;
+    else ``"int16"`` (the AVX2 s16 kernel, any 8-bit data); None when the target has neither.
+    """
+    if microkernels_for(target, "uint8") and -128 <= weight_min and weight_max <= 127:
+        return "uint8"
+    return "int16" if microkernels_for(target, "int16") else None
+
+
+__all__ = [
+    "Family",
+    "Microkernel",
+    "best_vector_family",
+    "ensure_tensor_intrin",
+    "all_families",
+    "family_of",
+    "has_gemm_kernels",
+    "integer_gemm_dtype",
+    "isa_tiers",
+    "microkernel_by_name",
+    "microkernels_for",
+    "register_family",
+    "registry",
+    "supported_families",
+    "tensor_intrin",
+    "vector_bits",
+    "vector_tiles",
+]

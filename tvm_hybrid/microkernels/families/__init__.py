@@ -1,0 +1,2 @@
+"""Microkernel families, one module each; every module here is imported (and so registered)
+by :mod:`tvm_hybrid.microkernels`."""

@@ -1,0 +1,116 @@
+"""AMX: blocks of 32 x 32 register tiles on Intel's tile registers (``tdpbusd``, ``tdpbf16ps``).
+
+A 32 x 32 register tile is 2 x 2 tiles of 16 x 16 accumulators in 8 tile registers, fed by 2
+tiles of ``A`` (16 rows x 64 bytes) and 2 of ``B`` (16-column panels, ``K`` in groups of 4
+bytes). ``tdpbusd`` multiplies u8 x s8 into s32, ``tdpbf16ps`` bf16 into fp32. The tile
+configuration is per thread, so the intrinsic covers a whole block of register tiles
+(``per_block``) and configures the tiles once for it.
+
+Never run on a CPU without AMX: LLVM aborts the process there (the template checks the target's
+features before lowering; tests only compile and read the assembly on such hosts).
+"""
+
+from __future__ import annotations
+
+from tvm.script import tirx as T
+
+from ..kernel import Family, Microkernel
+from ..registry import register_family
+
+#: ``K`` per AMX tile step: 64 bytes per tile row.
+K_PER_TILE = {"uint8": 64, "bfloat16": 32}
+
+
+def amx_block_functions(kernel: Microkernel, mb: int, nb: int, kc: int):
+    """``C[mb, nb] += A[mb, kc] * B[nb / 16, kc / g, 16, g]`` on AMX tiles (module docstring)."""
+    in_dtype = kernel.in_dtype
+    """``C[mb, nb] += A[mb, kc] * B[nb / 16, kc / g, 16, g]`` on AMX tiles (see the intrinsic)."""
+    int8 = in_dtype == "uint8"
+    group = 4 if int8 else 2
+    b_dtype, acc = ("int8", "int32") if int8 else ("bfloat16", "float32")
+    step = K_PER_TILE[in_dtype]
+    if mb % 32 or nb % 32 or kc % step:
+        raise ValueError(f"AMX blocks need mb, nb multiples of 32 and K of {step}; got "
+                         f"{mb}x{nb}, K = {kc}")
+    dot = "llvm.x86.tdpbusd" if int8 else "llvm.x86.tdpbf16ps"
+    panels, rows, esize = nb // 16, kc // group, 1 if int8 else 2
+    m_tiles, n_tiles, k_tiles = mb // 32, nb // 32, kc // step
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, b: T.handle, c: T.handle):
+        lda = T.int32()
+        ldb = T.int32()
+        ldc = T.int32()
+        A = T.match_buffer(a, (mb, kc), in_dtype, offset_factor=1, strides=[lda, 1])
+        B = T.match_buffer(b, (panels, rows, 16, group), b_dtype, offset_factor=1,
+                           strides=[ldb, 16 * group, group, 1])
+        C = T.match_buffer(c, (mb, nb), acc, offset_factor=1, strides=[ldc, 1], scope="local")
+        with T.sblock("root"):
+            T.reads(C[0:mb, 0:nb], A[0:mb, 0:kc], B[0:panels, 0:rows, 0:16, 0:group])
+            T.writes(C[0:mb, 0:nb])
+            for i, j, kk in T.grid(mb, nb, kc):
+                with T.sblock("update"):
+                    vi, vj, vk = T.axis.remap("SSR", [i, j, kk])
+                    C[vi, vj] = C[vi, vj] + T.Cast(acc, A[vi, vk]) * T.Cast(
+                        acc, B[vj // 16, vk // group, vj % 16, vk % group])
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle):
+        lda = T.int32()
+        ldb = T.int32()
+        ldc = T.int32()
+        A = T.match_buffer(a, (mb, kc), in_dtype, offset_factor=1, strides=[lda, 1])
+        B = T.match_buffer(b, (panels, rows, 16, group), b_dtype, offset_factor=1,
+                           strides=[ldb, 16 * group, group, 1])
+        C = T.match_buffer(c, (mb, nb), acc, offset_factor=1, strides=[ldc, 1], scope="local")
+        with T.sblock("root"):
+            T.reads(C[0:mb, 0:nb], A[0:mb, 0:kc], B[0:panels, 0:rows, 0:16, 0:group])
+            T.writes(C[0:mb, 0:nb])
+            # Tile configuration, once for the whole block: palette 1, 8 tiles of 16 rows x 64
+            # bytes (bytes 16 + 2t: columns in bytes of tile t; byte 48 + t: its rows).
+            cfg = T.alloc_buffer((64,), "uint8", scope="local")
+            for z in range(64):
+                cfg[z] = T.uint8(0)
+            cfg[0] = T.uint8(1)
+            for t in range(8):
+                cfg[16 + 2 * t] = T.uint8(64)
+                cfg[48 + t] = T.uint8(16)
+            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.ldtilecfg", T.address_of(cfg[0])))
+            for mt, nt in T.grid(m_tiles, n_tiles):
+                for ct in T.unroll(4):  # C tiles 0-3: (row half, column half)
+                    T.evaluate(T.call_llvm_intrin(
+                        "void", "llvm.x86.tileloadd64", T.Cast("int8", ct),
+                        T.address_of(C[mt * 32 + ct // 2 * 16, nt * 32 + ct % 2 * 16]),
+                        T.Cast("int64", ldc * 4)))
+                for kt in range(k_tiles):
+                    for at in T.unroll(2):  # A tiles 4, 5: the two 16-row halves
+                        T.evaluate(T.call_llvm_intrin(
+                            "void", "llvm.x86.tileloadd64", T.Cast("int8", 4 + at),
+                            T.address_of(A[mt * 32 + at * 16, kt * step]),
+                            T.Cast("int64", lda * esize)))
+                    for bt in T.unroll(2):  # B tiles 6, 7: the two 16-column panels
+                        T.evaluate(T.call_llvm_intrin(
+                            "void", "llvm.x86.tileloadd64", T.Cast("int8", 6 + bt),
+                            T.address_of(B[nt * 2 + bt, kt * 16, 0, 0]), T.int64(64)))
+                    for ct in T.unroll(4):
+                        T.evaluate(T.call_llvm_intrin(
+                            "void", dot, T.Cast("int8", ct), T.Cast("int8", 4 + ct // 2),
+                            T.Cast("int8", 6 + ct % 2)))
+                for ct in T.unroll(4):
+                    T.evaluate(T.call_llvm_intrin(
+                        "void", "llvm.x86.tilestored64", T.Cast("int8", ct),
+                        T.address_of(C[mt * 32 + ct // 2 * 16, nt * 32 + ct % 2 * 16]),
+                        T.Cast("int64", ldc * 4)))
+            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilerelease"))
+
+    return desc, impl
+
+
+
+AMX_INT8 = Microkernel("amx", ("amx-tile", "amx-int8"), "uint8", "int32", 32, 32, 512, 8, 4, 16,
+                       k_multiple=K_PER_TILE["uint8"], per_block=True)
+AMX_BF16 = Microkernel("amx", ("amx-tile", "amx-bf16"), "bfloat16", "float32", 32, 32, 512, 8,
+                       2, 16, k_multiple=K_PER_TILE["bfloat16"], per_block=True)
+
+register_family(Family("amx_int8", (AMX_INT8,), rank=40, block_functions=amx_block_functions))
+register_family(Family("amx_bf16", (AMX_BF16,), rank=40, block_functions=amx_block_functions))

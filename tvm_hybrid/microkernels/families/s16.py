@@ -1,0 +1,45 @@
+"""Exact 8-bit GEMMs without VNNI: s16 x s16 -> s32 register tiles on AVX2's ``vpmaddwd``.
+
+On Haswell to Zen 3 there is no u8 x s8 dot product that is exact, so ``avx2_s16`` multiplies
+**s16** operands with ``vpmaddwd`` (2 products per 32-bit lane, ``B`` packed in pairs
+``[N / nr, K / 2, nr, 2]``): 8-bit activations are widened by a cast that fuses into their
+producer, weights at compile time. Every product of 8-bit values (even ``u8`` weights, or zero
+points folded in) is exact in s32, and the kernel issues two instructions per 16 products, no
+conversion: 89% of the rate of ONNX Runtime's ``vpmaddubsw`` + ``vpmaddwd`` sequence in
+registers (measured by ``peak.py``), which saturates s16 and is not exact. (``vpmaddubsw`` made
+exact with the sign trick, ``vpmaddubsw(|a|, sign(b, a))``, measured 80%.)
+"""
+
+from __future__ import annotations
+
+from tvm.script import tirx as T
+
+from ..kernel import Family, Microkernel, vector_tiles
+from ..registry import register_family
+from ..tiles import grouped_desc, grouped_impl
+
+
+def s16_tile_functions(kernel: Microkernel, kc: int):
+    """``C[mr, nr] (s32) += A[mr, kc] (s16) * B[kc / 2, nr, 2] (s16)`` with ``vpmaddwd``.
+
+    Per pair of ``k`` and row: the two s16 of ``A`` broadcast to every 32-bit lane; per 8
+    columns, ``vpmaddwd`` multiplies them with the columns' pairs of ``B`` and adds each pair's
+    two products into one s32 lane, exactly.
+    """
+    mr, nr = kernel.mr, kernel.nr
+    if kc % 2 or nr % 8:
+        raise ValueError(f"the s16 tile needs an even K and nr % 8 == 0; got {kc}, {nr}")
+
+    def update(acc, A, B, i, g, v):
+        a = T.reinterpret(T.broadcast(T.reinterpret(A.vload([i, g * 2], "int16x2"),
+                                                    dtype="int32"), 8), dtype="int16x16")
+        return acc + T.call_llvm_pure_intrin("int32x8", "llvm.x86.avx2.pmadd.wd", a,
+                                             B.vload([g, v * 8, 0], "int16x16"))
+
+    return (grouped_desc(mr, nr, kc, "int16", "int16", "int32", 2),
+            grouped_impl(mr, nr, kc, "int16", "int16", "int32", 2, 8, update))
+
+
+AVX2_S16 = register_family(Family(
+    "avx2", vector_tiles("avx2_s16", ("avx2",), 256, 16, "int16", "int32", 2),
+    rank=10, tile_functions=s16_tile_functions))

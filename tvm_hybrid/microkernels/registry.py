@@ -1,0 +1,171 @@
+"""The registry of microkernel families: what a target offers, by name, and their intrinsics.
+
+Each module of ``microkernels/families/`` registers its :class:`~.kernel.Family` at import
+(:func:`register_family`); everything else asks this module: which kernels a target has for an
+operand dtype (:func:`microkernels_for`), a kernel by name (records, traces), the ISA tiers and
+vector width a target has, and the TIR tensor intrinsic of a kernel (generated and registered
+with ``s_tir.TensorIntrin`` once per shape).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+from tvm import s_tir
+from tvm.target import Target
+
+from ..host import target_features
+from .kernel import Family, Microkernel
+
+_FAMILIES: dict[tuple[str, str], Family] = {}
+
+
+def register_family(family: Family) -> Family:
+    """Add ``family`` (named by its ``(isa, in_dtype)``) to the registry; returns it.
+
+    Raises
+    ------
+    ValueError
+        When the family is inconsistent: no kernels, kernels of several ISAs or dtypes, no
+        generator for its kind of kernel, or a name already taken.
+    """
+    if not family.kernels:
+        raise ValueError(f"microkernel family {family.tier} has no kernels")
+    if len({(k.isa, k.in_dtype, k.features, k.per_block) for k in family.kernels}) != 1:
+        raise ValueError(f"family {family.key} mixes ISAs, dtypes or kinds of kernel")
+    per_block = family.first.per_block
+    if (family.block_functions if per_block else family.tile_functions) is None:
+        raise ValueError(f"family {family.key} has no intrinsic generator for its kernels")
+    if family.key in _FAMILIES and _FAMILIES[family.key] != family:
+        raise ValueError(f"a microkernel family {family.key} is already registered")
+    _FAMILIES[family.key] = family
+    return family
+
+
+def all_families() -> list[Family]:
+    """Every registered family, most preferred first."""
+    return sorted(_FAMILIES.values(), key=lambda f: -f.rank)
+
+
+def supported_families(target: Target, in_dtype: str) -> list[Family]:
+    """The families for ``in_dtype`` operands whose features ``target`` has, best first."""
+    features = target_features(target)
+    return [f for f in all_families()
+            if f.in_dtype == in_dtype and set(f.features) <= features]
+
+
+def best_vector_family(target: Target, in_dtype: str) -> Family | None:
+    """The preferred register-tile (not per-block) family of ``target`` for ``in_dtype``."""
+    return next((f for f in supported_families(target, in_dtype) if not f.first.per_block),
+                None)
+
+
+def microkernels_for(target: Target, in_dtype: str, include_blocks: bool = True
+                     ) -> list[Microkernel]:
+    """The microkernels of ``target`` for GEMMs on ``in_dtype`` operands: every per-block
+    family it has (AMX) first, then the tiles of its preferred vector family."""
+    out: list[Microkernel] = []
+    if include_blocks:
+        for family in supported_families(target, in_dtype):
+            if family.first.per_block:
+                out += family.kernels
+    vector = best_vector_family(target, in_dtype)
+    return out + list(vector.kernels if vector else ())
+
+
+def has_gemm_kernels(target: Target) -> bool:
+    """Whether ``target`` has any microkernel at all (of any dtype)."""
+    features = target_features(target)
+    return any(set(f.features) <= features for f in _FAMILIES.values())
+
+
+def vector_bits(target: Target) -> int:
+    """The widest vector register of ``target`` any vector family uses (128 if none)."""
+    features = target_features(target)
+    widths = [f.first.vector_bits for f in _FAMILIES.values()
+              if not f.first.per_block and set(f.features) <= features]
+    return max(widths, default=128)
+
+
+def isa_tiers() -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The ISA tiers the families use, as ``(name, features all needed)``, oldest first."""
+    tiers: dict[str, set[str]] = {}
+    for family in sorted(all_families(), key=lambda f: f.rank):
+        tiers.setdefault(family.tier, set()).update(family.features)
+    return tuple((name, tuple(sorted(features))) for name, features in tiers.items())
+
+
+def microkernel_by_name(name: str) -> Microkernel:
+    """The microkernel called ``name`` (:attr:`Microkernel.name`).
+
+    Raises
+    ------
+    KeyError
+        When no microkernel has that name.
+    """
+    for family in _FAMILIES.values():
+        for kernel in family.kernels:
+            if kernel.name == name:
+                return kernel
+    raise KeyError(f"unknown microkernel {name!r}")
+
+
+def family_of(kernel: Microkernel) -> Family:
+    """The registered family ``kernel`` belongs to."""
+    return _FAMILIES[(kernel.isa, kernel.in_dtype)]
+
+
+def tensor_intrin(kernel: Microkernel, k: int, block: tuple[int, int] | None = None) -> str:
+    """Register (once) and return the name of ``kernel``'s tensor intrinsic over ``k``.
+
+    Parameters
+    ----------
+    kernel
+        The microkernel description.
+    k
+        The reduction length covered by one call (the whole ``K`` of a GEMM).
+    block
+        ``(mb, nb)`` for per-block kernels (AMX): the rows and columns one call covers.
+    """
+    if kernel.per_block != (block is not None):
+        raise ValueError(f"{kernel.name}: a block size is needed exactly for per-block kernels")
+    return _register(kernel, int(k), tuple(int(b) for b in block) if block else None)
+
+
+@functools.cache
+def _register(kernel: Microkernel, k: int, block: tuple[int, int] | None) -> str:
+    family = family_of(kernel)
+    if block is None:
+        name = f"{kernel.name}_k{k}"
+        desc, impl = family.tile_functions(kernel, k)
+    else:
+        name = f"{kernel.name}_b{block[0]}x{block[1]}_k{k}"
+        desc, impl = family.block_functions(kernel, block[0], block[1], k)
+    s_tir.TensorIntrin.register(name, desc, impl, override=True)
+    return name
+
+
+def ensure_tensor_intrin(intrin_name: str) -> bool:
+    """Register the tensor intrinsic called ``intrin_name`` if it is one of ours.
+
+    A schedule trace names its tensor intrinsics; replaying a trace (tuning records) in a fresh
+    process needs them registered first.
+
+    Returns
+    -------
+    bool
+        True when ``intrin_name`` is a tvm_hybrid microkernel intrinsic (now registered).
+    """
+    found = re.fullmatch(r"(hybrid_gemm_\w+?)(?:_b(\d+)x(\d+))?_k(\d+)", intrin_name)
+    if not found:
+        return False
+    try:
+        kernel = microkernel_by_name(found.group(1))
+    except KeyError:
+        return False
+    block = (int(found.group(2)), int(found.group(3))) if found.group(2) else None
+    if kernel.per_block != (block is not None):
+        return False
+    tensor_intrin(kernel, int(found.group(4)), block)
+    return True
