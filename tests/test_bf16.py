@@ -18,7 +18,9 @@ from tvm import relax
 
 import tvm_hybrid
 from tvm_hybrid.bench import workloads
-from tvm_hybrid.passes.bf16 import BF16_PACKED_MATMUL, pack_weight_bf16
+from tvm_hybrid.passes.packed_gemm import KERNEL_NAMES, pack_weight
+
+BF16_PACKED_MATMUL = KERNEL_NAMES["bfloat16"]
 
 HASWELL = {"kind": "llvm", "mcpu": "haswell", "num-cores": 2}
 
@@ -37,7 +39,7 @@ def _bf16_reference(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 def test_bf16_packing_layout():
     w = np.arange(5 * 40, dtype=np.float32).reshape(5, 40)
-    packed = pack_weight_bf16(w, 32)
+    packed = pack_weight(w, 32, 2, ml_dtypes.bfloat16)
     assert packed.shape == (2, 3, 32, 2) and packed.dtype == ml_dtypes.bfloat16
     for k in range(5):
         for n in range(40):

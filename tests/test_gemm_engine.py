@@ -27,7 +27,7 @@ from tvm_hybrid.heuristics import (
 from tvm_hybrid.host import CacheSizes
 from tvm_hybrid.microkernels import microkernels_for
 from tvm_hybrid.microkernels.families import fma
-from tvm_hybrid.passes.prepack import pack_weight
+from tvm_hybrid.passes.packed_gemm import pack_weight
 from tvm_hybrid.schedules.gemm_template import TEMPLATE_ANNOTATION
 
 

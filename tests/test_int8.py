@@ -20,14 +20,11 @@ from tvm_hybrid.microkernels import (
     microkernels_for,
     tensor_intrin,
 )
-from tvm_hybrid.passes.integer_gemm import (
-    INT8_PACKED_MATMUL,
-    pack_weight_pairs_s16,
-    pack_weight_vnni,
-)
+from tvm_hybrid.passes.packed_gemm import KERNEL_NAMES, pack_weight
 from tvm_hybrid.schedules.gemm_template import TEMPLATE_ANNOTATION
 
 HOST = make_target("host")
+INT8_PACKED_MATMUL = KERNEL_NAMES["uint8"]
 
 
 def _host_int8_isa() -> str:
@@ -50,19 +47,19 @@ def _gemm_kernels(model) -> list[str]:
 def test_vnni_packing_layout():
     rng = np.random.default_rng(0)
     w = rng.integers(-128, 128, (8, 40)).astype(np.int8)
-    packed = pack_weight_vnni(w, 32)
+    packed = pack_weight(w, 32, 4, np.int8)
     assert packed.shape == (2, 2, 32, 4) and packed.dtype == np.int8
     for k in range(8):
         for n in range(40):
             assert packed[n // 32, k // 4, n % 32, k % 4] == w[k, n]
     assert not packed[1, :, 8:, :].any()  # padded columns are zero
-    with pytest.raises(ValueError, match="K % 4"):
-        pack_weight_vnni(w[:6], 32)
+    short = pack_weight(w[:6], 32, 4, np.int8)  # K padded to the group with zeros
+    assert short.shape == (2, 2, 32, 4) and not short[:, 1, :, 2:].any()
 
 
 def test_s16_pair_packing_layout():
     w = np.random.default_rng(0).integers(-255, 256, (7, 20)).astype(np.int16)
-    packed = pack_weight_pairs_s16(w, 16)
+    packed = pack_weight(w, 16, 2, np.int16)
     assert packed.shape == (2, 4, 16, 2) and packed.dtype == np.int16
     for k in range(7):
         for n in range(20):

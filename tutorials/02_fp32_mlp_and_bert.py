@@ -29,7 +29,7 @@ from onnx import numpy_helper
 import tvm_hybrid
 from tvm_hybrid.bench import workloads
 from tvm_hybrid.heuristics import panel_width
-from tvm_hybrid.passes.prepack import pack_weight
+from tvm_hybrid.passes.packed_gemm import pack_weight
 
 mlp = workloads.mlp(32, (479, 1024, 1024, 512, 256, 1), final="Sigmoid", name="mlp2")
 hybrid = tvm_hybrid.compile(mlp.model)

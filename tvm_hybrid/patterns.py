@@ -41,7 +41,7 @@ from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 from tvm.relax.transform import FusionPattern, PatternCheckContext
 
 from .passes.conv_gemm import DIRECT_CONV
-from .passes.prepack import PACKED_MATMUL
+from .passes.packed_gemm import PACKED_GEMM
 
 Check = Callable[[PatternCheckContext, str], bool]
 
@@ -71,20 +71,26 @@ def _static_shape(expr) -> tuple[int, ...] | None:
 
 
 def check_gemm(context: PatternCheckContext) -> bool:
-    """The anchor: fp32 GEMM on static shapes, nothing leaking out of the group.
+    """The anchor: a GEMM with an fp32 output on static shapes, nothing leaking out of the
+    group.
 
-    The anchor is a ``matmul`` or, once ``PrepackConstantWeights`` has run, a ``call_tir`` of
-    its packed GEMM, or of the direct convolution of ``passes/conv_gemm.py``.
+    The anchor is an fp32 ``matmul`` or, once the weights are packed, a ``call_tir`` of a packed
+    GEMM of any operand dtype (``passes/packed_gemm.py``: fp32, or bf16 accumulating in fp32;
+    integer GEMMs end in int32 and are dequantized by plain fusion), or of the direct
+    convolution of ``passes/conv_gemm.py``.
     """
     call = context.annotated_expr["gemm"]
     if call.op.name == "relax.call_tir":
-        if not call.args[0].name_hint.startswith((PACKED_MATMUL, DIRECT_CONV)):
+        name = call.args[0].name_hint
+        if PACKED_GEMM not in name and not name.startswith(DIRECT_CONV):
             return False
         operands = list(call.args[1].fields)
+        if str(_ty(call).dtype) != "float32":
+            return False
     else:
         operands = list(call.args)
-    if any(str(_ty(arg).dtype) != "float32" for arg in operands):
-        return False
+        if any(str(_ty(arg).dtype) != "float32" for arg in operands):
+            return False
     if any(_static_shape(arg) is None for arg in operands):
         return False
     return not has_leaking_intermediate_variables(context)

@@ -23,7 +23,6 @@ from .passes import (
     FuseGemmEpilogues,
     IntegerConvToFloat,
     IntegerGemmToVNNI,
-    PrepackBF16,
     PrepackConstantWeights,
     SinkReshapes,
 )
@@ -128,8 +127,9 @@ def graph_passes(target: Target, precision: str = "fp32",
         SinkReshapes(),
         FoldScalesIntoWeights(),
         IntegerGemmToVNNI(target),
-        PrepackBF16(target, convert_fp32=precision == "bf16"),
-        PrepackConstantWeights(target),
+        # Constant weights packed in the layout of each GEMM's kernel (fp32, bf16); after the
+        # integer GEMMs, which take the matmuls of 8-bit data first.
+        PrepackConstantWeights(target, bf16=precision == "bf16"),
         *_noted(recorder, FuseGemmEpilogues()),
         FastMath(),
     ]

@@ -1,6 +1,5 @@
 """Relax graph passes of the hybrid pipeline (phases 1 and 2), one per module."""
 
-from .bf16 import PrepackBF16
 from .check_indices import CheckIndices
 from .conv_gemm import ConvToGemm
 from .fast_math import FastMath
@@ -21,7 +20,6 @@ __all__ = [
     "FuseGemmEpilogues",
     "IntegerConvToFloat",
     "IntegerGemmToVNNI",
-    "PrepackBF16",
     "PrepackConstantWeights",
     "SinkReshapes",
 ]

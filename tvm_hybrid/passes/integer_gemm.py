@@ -19,8 +19,9 @@ a microkernel computes exactly; which one depends on the target
   fuses into the producer of ``x``) times ``W32`` as ``s16``, packed in pairs,
   ``W_packed[N_pad / nr, K / 2, nr, 2]``; no compensation.
 
-``N`` is zero-padded to whole panels and the padded columns are sliced off inside the kernel;
-``K`` is zero-padded to the group. The result is bit-exact.
+Both are the packed GEMM of ``packed_gemm.py`` (this module prepares its operands): ``N`` is
+zero-padded to whole panels and the padded columns are sliced off inside the kernel; ``K`` is
+zero-padded to the group. The result is bit-exact.
 
 Non-constant weights and weights that fit no kernel keep TVM's int32 matmul.
 """
@@ -29,12 +30,11 @@ from __future__ import annotations
 
 import numpy as np
 import tvm
-from tvm import relax, te
+from tvm import relax
 from tvm.target import Target
 
-from ..heuristics import panel_width
 from ..microkernels import integer_gemm_dtype, microkernels_for
-from .prepack import pack_weight_grouped
+from .packed_gemm import emit_packed_gemm, gemm_layout
 from .relax_rewrite import (
     bound_value,
     constant_value,
@@ -42,53 +42,6 @@ from .relax_rewrite import (
     is_static_tensor,
     rewrite_functions,
 )
-
-INT8_PACKED_MATMUL = "hybrid_int8_packed_matmul"
-
-
-def pack_weight_vnni(weight: np.ndarray, nr: int) -> np.ndarray:
-    """``W[K, N]`` (s8 values) to ``W_packed[ceil(N / nr), K / 4, nr, 4]`` as ``int8``."""
-    if weight.shape[0] % 4:
-        raise ValueError(f"VNNI packing needs K % 4 == 0, got K = {weight.shape[0]}")
-    return pack_weight_grouped(weight, nr, 4, np.int8)
-
-
-def pack_weight_pairs_s16(weight: np.ndarray, nr: int) -> np.ndarray:
-    """``W[K, N]`` (s16 values) to ``W_packed[ceil(N / nr), ceil(K / 2), nr, 2]`` as ``int16``."""
-    return pack_weight_grouped(weight, nr, 2, np.int16)
-
-
-def int8_packed_matmul(x: te.Tensor, packed: te.Tensor, compensation: te.Tensor | None,
-                       n: int, zero_point: te.Tensor | None = None) -> te.Tensor:
-    """``x[..., M, K] @ W (packed in groups of g) - compensation[N]``, in int32.
-
-    ``x`` is ``u8`` with ``s8`` weights in groups of 4 (VNNI), or ``s16`` with ``s16`` weights
-    in pairs; ``compensation`` may be None (nothing subtracted). With a run-time
-    ``zero_point`` (a 0-d int32 tensor), ``compensation`` holds ``colsum(W)`` and
-    ``zero_point * colsum(W)`` is subtracted.
-    """
-    panels, groups, nr, group = (int(d) for d in packed.shape)
-    batch = tuple(x.shape[:-1])
-    k = te.reduce_axis((0, groups * group), name="k")
-    acc = te.compute(
-        (*batch, panels * nr),
-        lambda *idx: te.sum(
-            x[(*idx[:-1], k)].astype("int32")
-            * packed[idx[-1] // nr, k // group, idx[-1] % nr, k % group].astype("int32"),
-            axis=k,
-        ),
-        name="int8_packed_matmul",
-    )
-    if compensation is None:
-        if panels * nr == n:
-            return acc
-        return te.compute((*batch, n), lambda *idx: acc[idx], name="unpad")
-    if zero_point is None:
-        return te.compute((*batch, n), lambda *idx: acc[idx] - compensation[idx[-1]],
-                          name="compensate")
-    return te.compute((*batch, n),
-                      lambda *idx: acc[idx] - zero_point[()] * compensation[idx[-1]],
-                      name="compensate")
 
 
 def emit_int8_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
@@ -103,10 +56,11 @@ def emit_int8_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
     """
     x_ty = x.ty
     k, n = w32.shape
+    m = int(x_ty.shape.values[-2])
     dtype = integer_gemm_dtype(target, int(w32.min(initial=0)), int(w32.max(initial=0)))
     if dtype == "int16":
         return _emit_s16_gemm(builder, target, x, zero_point, w32)
-    if dtype is None:
+    if dtype is None or gemm_layout(target, "uint8", m, n, k) is None:
         return None
     signed = str(x_ty.dtype) == "int8"
     colsum = w32.astype(np.int64).sum(axis=0)
@@ -125,20 +79,12 @@ def emit_int8_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
         compensation = zero_point * colsum
         if np.abs(compensation).max(initial=0) >= 2**31:
             return None
-    pad = -k % 4  # zero rows of W (and zero columns of x) add nothing
-    nr = panel_width(target, "uint8", int(x_ty.shape.values[-2]), n, k + pad)
-    if nr is None:
-        return None
     if signed:  # VNNI takes unsigned A
         shifted = relax.op.add(relax.op.astype(x, "int32"), relax.const(128, "int32"))
         x = builder.emit(relax.op.astype(shifted, "uint8"))
-    if pad:
-        x = builder.emit(relax.op.nn.pad(x, [0, 0] * (x_ty.ndim - 1) + [0, pad]))
-        w32 = np.concatenate([w32, np.zeros((pad, n), w32.dtype)])
-    return builder.emit(builder.call_te(
-        int8_packed_matmul, x, relax.const(pack_weight_vnni(w32.astype(np.int8), nr)),
-        relax.const(compensation.astype(np.int32)), int(n), runtime_zp,
-        primfunc_name_hint=INT8_PACKED_MATMUL))
+    return builder.emit(emit_packed_gemm(
+        builder, target, x, w32, weight_dtype=np.int8, acc_dtype="int32", out_dtype="int32",
+        compensation=compensation.astype(np.int32), zero_point=runtime_zp))
 
 
 def _emit_s16_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
@@ -148,8 +94,7 @@ def _emit_s16_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
     k, n = w32.shape
     if np.abs(w32).max(initial=0) > 2**15 - 1:
         return None
-    nr = panel_width(target, "int16", int(x_ty.shape.values[-2]), n, k + k % 2)
-    if nr is None:
+    if gemm_layout(target, "int16", int(x_ty.shape.values[-2]), n, k) is None:
         return None
     x16 = relax.op.astype(x, "int16")
     if isinstance(zero_point, relax.Expr):
@@ -157,11 +102,8 @@ def _emit_s16_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
     elif zero_point:
         x16 = relax.op.subtract(x16, relax.const(zero_point, "int16"))
     x16 = builder.emit(x16)
-    if k % 2:
-        x16 = builder.emit(relax.op.nn.pad(x16, [0, 0] * (x_ty.ndim - 1) + [0, 1]))
-    return builder.emit(builder.call_te(
-        int8_packed_matmul, x16, relax.const(pack_weight_pairs_s16(w32, nr)), None, int(n),
-        primfunc_name_hint=INT8_PACKED_MATMUL))
+    return builder.emit(emit_packed_gemm(builder, target, x16, w32, weight_dtype=np.int16,
+                                         acc_dtype="int32", out_dtype="int32"))
 
 
 @tvm.transform.module_pass(opt_level=0, name="IntegerGemmToVNNI")

@@ -1,0 +1,137 @@
+"""One packed GEMM for every dtype: constant weights packed at compile time in the layout of the
+microkernel chosen for the GEMM.
+
+:func:`emit_packed_gemm` asks :func:`~tvm_hybrid.heuristics.select` for the best kernel of the
+GEMM's operand dtype (``N`` and ``K`` padded by the packing), packs the weights in that
+kernel's :attr:`~tvm_hybrid.microkernels.Microkernel.weight_layout` with numpy and emits one
+compute, :func:`packed_gemm`, whatever the dtype::
+
+    acc[..., j] = sum_k acc_t(x[..., k]) * acc_t(W_packed[j // p, k // g, j % p, k % g])
+    y[..., j]   = out_t(acc[..., j] - compensation[j])          (j < N; padding sliced off)
+
+with panels of ``p`` columns and groups of ``g`` consecutive ``k`` (``W_packed[N / p, K, p]``
+when ``g`` is 1: fp32). The front-ends only prepare the operands: fp32 and bf16 GEMMs
+(``prepack.py``), integer GEMMs with zero-point compensation (``integer_gemm.py``, used by the
+QDQ and ``MatMulInteger`` paths). Every packed GEMM's kernel name contains
+:data:`PACKED_GEMM`, which the fusion patterns anchor on.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from tvm import relax, te
+from tvm.target import Target
+
+from ..heuristics import GemmShape, select
+
+#: Part of every packed GEMM's kernel name (the fusion patterns' anchor).
+PACKED_GEMM = "packed_matmul"
+#: Kernel names by operand dtype (what the profile report and ``kernel_names()`` show).
+KERNEL_NAMES = {
+    "float32": f"hybrid_{PACKED_GEMM}",
+    "bfloat16": f"hybrid_bf16_{PACKED_GEMM}",
+    "uint8": f"hybrid_int8_{PACKED_GEMM}",
+    "int16": f"hybrid_int8_{PACKED_GEMM}",
+}
+
+
+def pack_weight(weight: np.ndarray, panel: int, group: int = 1, dtype=None) -> np.ndarray:
+    """``W[K, N]`` to ``W_packed[ceil(N / panel), ceil(K / group), panel, group]`` in ``dtype``
+    (``[ceil(N / panel), K, panel]`` when ``group`` is 1); ``K`` and ``N`` zero-padded."""
+    dtype = weight.dtype if dtype is None else dtype
+    k, n = weight.shape
+    k_pad, n_pad = -(-k // group) * group, -(-n // panel) * panel
+    padded = np.zeros((k_pad, n_pad), dtype)
+    padded[:k, :n] = weight.astype(dtype)
+    if group == 1:
+        return np.ascontiguousarray(padded.reshape(k, n_pad // panel, panel).transpose(1, 0, 2))
+    return np.ascontiguousarray(
+        padded.reshape(k_pad // group, group, n_pad // panel, panel).transpose(2, 0, 3, 1))
+
+
+def packed_gemm(x: te.Tensor, packed: te.Tensor, n: int, acc_dtype: str, out_dtype: str,
+                compensation: te.Tensor | None = None,
+                zero_point: te.Tensor | None = None) -> te.Tensor:
+    """``x[..., M, K] @ W`` with ``W`` packed (module docstring); the output has ``n`` columns.
+
+    ``compensation[N]`` (integer GEMMs) is subtracted, times the 0-d ``zero_point`` when one
+    is given (a zero point known only at run time).
+    """
+    grouped = len(packed.shape) == 4
+    panels, rows, panel = (int(d) for d in packed.shape[:3])
+    group = int(packed.shape[3]) if grouped else 1
+    batch = tuple(x.shape[:-1])
+    k = te.reduce_axis((0, rows * group), name="k")
+
+    def weight(j, kk):
+        if grouped:
+            return packed[j // panel, kk // group, j % panel, kk % group]
+        return packed[j // panel, kk, j % panel]
+
+    acc = te.compute(
+        (*batch, panels * panel),
+        lambda *idx: te.sum(x[(*idx[:-1], k)].astype(acc_dtype)
+                            * weight(idx[-1], k).astype(acc_dtype), axis=k),
+        name=PACKED_GEMM,
+    )
+    if compensation is None:
+        if panels * panel == n and out_dtype == acc_dtype:
+            return acc
+        return te.compute((*batch, n), lambda *idx: acc[idx].astype(out_dtype), name="unpad")
+    if zero_point is None:
+        return te.compute((*batch, n), lambda *idx: acc[idx] - compensation[idx[-1]],
+                          name="compensate")
+    return te.compute((*batch, n),
+                      lambda *idx: acc[idx] - zero_point[()] * compensation[idx[-1]],
+                      name="compensate")
+
+
+def gemm_layout(target: Target, in_dtype: str, m: int, n: int, k: int
+                ) -> tuple[int, int] | None:
+    """``(panel, group)`` to pack an ``m x n x k`` GEMM's weights with: the layout of the best
+    kernel :func:`~tvm_hybrid.heuristics.select` offers, or None when there is none."""
+    kernels = select(target, in_dtype, GemmShape(1, m, n, k), packing=True)
+    return kernels[0].weight_layout if kernels else None
+
+
+def emit_packed_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
+                     weight: np.ndarray, *, weight_dtype, acc_dtype: str, out_dtype: str,
+                     compensation: np.ndarray | None = None,
+                     zero_point: relax.Expr | None = None) -> relax.Expr | None:
+    """The call of ``x @ weight`` as a packed GEMM (padding and packing emitted), or None when
+    ``target`` has no kernel for it (then nothing is emitted).
+
+    Parameters
+    ----------
+    builder
+        The block builder of the rewriting mutator.
+    x
+        The activations ``[..., M, K]``, static shape, already in the kernel's operand dtype.
+    weight
+        The constant ``W[K, N]``; packed as ``weight_dtype``.
+    acc_dtype, out_dtype
+        Accumulator and output dtypes.
+    compensation, zero_point
+        For integer GEMMs: see :func:`packed_gemm`.
+    """
+    in_dtype = str(x.ty.dtype)
+    k, n = (int(d) for d in weight.shape)
+    m = int(x.ty.shape.values[-2])
+    layout = gemm_layout(target, in_dtype, m, n, k)
+    if layout is None:
+        return None
+    panel, group = layout
+    pad = -k % group  # zero columns of x times zero rows of W add nothing
+    if pad:
+        x = builder.emit(relax.op.nn.pad(x, [0, 0] * (x.ty.ndim - 1) + [0, pad]))
+    packed = relax.const(pack_weight(weight, panel, group, weight_dtype))
+    extra = [] if compensation is None else [relax.const(compensation)]
+    if zero_point is not None:
+        extra.append(zero_point)
+
+    def compute(x, packed, *rest):
+        comp = rest[0] if rest else None
+        zp = rest[1] if len(rest) > 1 else None
+        return packed_gemm(x, packed, n, acc_dtype, out_dtype, comp, zp)
+
+    return builder.call_te(compute, x, packed, *extra, primfunc_name_hint=KERNEL_NAMES[in_dtype])
