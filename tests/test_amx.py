@@ -96,10 +96,10 @@ def test_nothing_amx_is_lowered_for_a_non_amx_target():
         import numpy as np, tvm
         import tvm_hybrid
         from tvm_hybrid.bench import workloads
-        from tvm_hybrid.heuristics import GemmKnobs
+        from tvm_hybrid.schedules.gemm.heuristics import GemmKnobs
         from tvm_hybrid.host import host_features, make_target
         from tvm_hybrid.microkernels.families.amx import AMX_INT8
-        from tvm_hybrid.schedules.gemm_template import apply_template, template_gemms
+        from tvm_hybrid.schedules import GemmTemplate, apply_template
         from tvm_hybrid.tuning import extract_tasks
 
         spr = {"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2}
@@ -109,8 +109,8 @@ def test_nothing_amx_is_lowered_for_a_non_amx_target():
         wl = workloads.matmul_integer(64, 64, 128)
         (task,) = extract_tasks(wl.model, make_target(spr))   # packed for AMX
         func = task.mod["main"]
-        assert template_gemms(func, make_target(spr))
-        forced = apply_template(func, zen, [GemmKnobs(AMX_INT8, 1, 1)])
+        assert GemmTemplate().workloads(func, make_target(spr))
+        forced = apply_template(GemmTemplate(), func, zen, [GemmKnobs(AMX_INT8, 1, 1)])
         assert forced is None, "AMX knobs must be declined for a non-AMX target"
         model = tvm_hybrid.compile(wl.model, zen)
         asm = model.inspect_source("asm")

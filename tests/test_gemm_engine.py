@@ -17,18 +17,18 @@ from onnx import TensorProto, helper, numpy_helper
 
 import tvm_hybrid
 from tvm_hybrid.bench import workloads
-from tvm_hybrid.heuristics import (
+from tvm_hybrid.host import CacheSizes
+from tvm_hybrid.microkernels import microkernels_for
+from tvm_hybrid.microkernels.families import fma
+from tvm_hybrid.passes.packed_gemm import pack_weight
+from tvm_hybrid.schedules.gemm.heuristics import (
     GemmShape,
     choose_blocks,
     choose_kernel,
     choose_knobs,
     panel_width,
 )
-from tvm_hybrid.host import CacheSizes
-from tvm_hybrid.microkernels import microkernels_for
-from tvm_hybrid.microkernels.families import fma
-from tvm_hybrid.passes.packed_gemm import pack_weight
-from tvm_hybrid.schedules.gemm_template import TEMPLATE_ANNOTATION
+from tvm_hybrid.schedules.gemm.template import TEMPLATE_ANNOTATION
 
 
 def _model(nodes, inputs, outputs, inits=()) -> onnx.ModelProto:
@@ -199,8 +199,8 @@ def test_knobs_are_schedule_decisions():
     """The template's block sizes are recorded as sample_perfect_tile decisions in the trace."""
     from tvm import s_tir, te
 
-    from tvm_hybrid.schedules.gemm_analysis import match_gemm
-    from tvm_hybrid.schedules.gemm_template import knobs_for, schedule_gemm
+    from tvm_hybrid.schedules.gemm.analysis import match_gemm
+    from tvm_hybrid.schedules.gemm.template import knobs_for, schedule_gemm
 
     a = te.placeholder((256, 64), name="A")
     b = te.placeholder((8, 64, 32), name="B")

@@ -21,7 +21,7 @@ from tvm_hybrid.microkernels import (
     tensor_intrin,
 )
 from tvm_hybrid.passes.packed_gemm import KERNEL_NAMES, pack_weight
-from tvm_hybrid.schedules.gemm_template import TEMPLATE_ANNOTATION
+from tvm_hybrid.schedules.gemm.template import TEMPLATE_ANNOTATION
 
 HOST = make_target("host")
 INT8_PACKED_MATMUL = KERNEL_NAMES["uint8"]

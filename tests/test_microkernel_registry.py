@@ -10,7 +10,6 @@ import re
 import pytest
 from tvm import s_tir, te
 
-from tvm_hybrid.heuristics import GemmShape, panel_width, select
 from tvm_hybrid.host import isa_tiers, make_target, target_features
 from tvm_hybrid.microkernels import (
     Family,
@@ -25,7 +24,8 @@ from tvm_hybrid.microkernels import (
     vector_tiles,
 )
 from tvm_hybrid.microkernels.tiles import plain_tile_functions
-from tvm_hybrid.schedules.gemm_template import apply_template
+from tvm_hybrid.schedules import GemmTemplate, apply_template
+from tvm_hybrid.schedules.gemm.heuristics import GemmShape, panel_width, select
 
 HASWELL = make_target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
 ZEN5 = make_target({"kind": "llvm", "mcpu": "znver5", "num-cores": 2})
@@ -114,6 +114,6 @@ def test_a_new_family_is_one_registration(monkeypatch):
     a, b = te.placeholder((64, 32), name="A"), te.placeholder((32, 64), name="B")
     r = te.reduce_axis((0, 32), name="k")
     c = te.compute((64, 64), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
-    sch, knobs = apply_template(te.create_prim_func([a, b, c]), HASWELL)
+    sch, knobs = apply_template(GemmTemplate(), te.create_prim_func([a, b, c]), HASWELL)
     assert knobs[0].kernel.isa == "avx2_narrow" and knobs[0].kernel.mr <= 2
     assert re.search(r"hybrid_gemm_avx2_narrow_float32_\dx\d+_k32", str(sch.trace))

@@ -12,7 +12,8 @@ from tvm import s_tir, te
 
 import tvm_hybrid
 from tvm_hybrid.errors import TemplateError
-from tvm_hybrid.schedules import ConvTemplate, GemmTemplate, ParallelVectorize, gemm_template
+from tvm_hybrid.schedules import ConvTemplate, GemmTemplate, ParallelVectorize, apply_template
+from tvm_hybrid.schedules.gemm import template as gemm_template
 from tvm_hybrid.schedules.rule_failures import STRICT_VARIABLE, strict
 
 TARGET = tvm_hybrid.make_target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
@@ -95,14 +96,14 @@ def test_a_bug_in_a_rule_is_not_swallowed(monkeypatch):
 
 
 def test_knobs_that_do_not_tile_the_gemm_are_declined():
-    from tvm_hybrid.heuristics import GemmKnobs
     from tvm_hybrid.microkernels import microkernels_for
+    from tvm_hybrid.schedules.gemm.heuristics import GemmKnobs
 
     kernel = next(k for k in microkernels_for(TARGET, "float32") if k.mr == 4 and k.nr == 16)
     func = _gemm_func(64, 64, 32)
-    assert gemm_template.apply_template(func, TARGET, [GemmKnobs(kernel, 2, 2)]) is not None
-    assert gemm_template.apply_template(func, TARGET, [GemmKnobs(kernel, 3, 1)]) is None
-    assert gemm_template.apply_template(func, TARGET, [GemmKnobs(kernel, 1, 8)]) is None
+    assert apply_template(GemmTemplate(), func, TARGET, [GemmKnobs(kernel, 2, 2)]) is not None
+    assert apply_template(GemmTemplate(), func, TARGET, [GemmKnobs(kernel, 3, 1)]) is None
+    assert apply_template(GemmTemplate(), func, TARGET, [GemmKnobs(kernel, 1, 8)]) is None
 
 
 def test_template_error_reaches_the_user_through_compile(monkeypatch, broken_microkernel):

@@ -16,12 +16,11 @@ import tvm
 import tvm_hybrid
 from tvm_hybrid.bench import workloads
 from tvm_hybrid.cli import main as cli
-from tvm_hybrid.heuristics import knobs_from_dict
 from tvm_hybrid.host import make_target
 from tvm_hybrid.tuning import RPCError, RPCSettings, extract_tasks, load_records, tune
 from tvm_hybrid.tuning.measure import Measurer
 from tvm_hybrid.tuning.search import neighbourhood_search
-from tvm_hybrid.tuning.space import config_key
+from tvm_hybrid.tuning.space import config_key, knobs_from_dict
 from tvm_hybrid.tuning.tune import split_budget
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -52,12 +51,13 @@ def _loop_extents(func) -> list[int]:
 def test_space_holds_the_heuristic_and_its_neighbours(gemm_task, target):
     space = gemm_task.space
     heuristic = space.heuristic()
-    (gemm,) = space.gemms
+    assert space.template.name == "gemm"
+    (gemm,) = space.workloads
     # N = 256 padded to whole panels of the prepacked weight
     padded_n = -(-256 // gemm.packed_nr) * gemm.packed_nr
     assert (gemm.shape.m, gemm.shape.n, gemm.shape.k) == (128, padded_n, 96)
     # The heuristic's knobs are those an untuned compile uses.
-    from tvm_hybrid.schedules.gemm_template import knobs_for
+    from tvm_hybrid.schedules.gemm.template import knobs_for
 
     assert heuristic == (knobs_for(gemm, target),)
     moves = space.neighbours(heuristic)
@@ -74,6 +74,40 @@ def test_space_holds_the_heuristic_and_its_neighbours(gemm_task, target):
     other = next(c for c in moves if c[0].m_block != heuristic[0].m_block)
     assert _loop_extents(space.schedule(other).mod["main"]) != \
         _loop_extents(space.schedule(heuristic).mod["main"])
+
+
+def _conv_model():
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((32, 16, 3, 3)) * 0.2).astype("float32")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["c"], ["y"])], "conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 16, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "W")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_the_convolution_template_is_tunable_through_the_same_space(target):
+    """The tuner knows no template: the direct convolution's knobs (microkernel, pixel block)
+    come through the Template protocol like the GEMM's."""
+    tasks = extract_tasks(_conv_model(), target)
+    spaces = [t.space for t in tasks if t.space.template.name == "direct_conv"]
+    assert len(spaces) == 1, [t.space.template.name for t in tasks]
+    space = spaces[0]
+    heuristic = space.heuristic()
+    moves = space.neighbours(heuristic)
+    assert moves and space.size() >= len(moves)
+    assert all(config_key(c) != config_key(heuristic) for c in moves)
+    for config in [heuristic, *moves]:
+        assert tuple(knobs_from_dict(json.loads(json.dumps(k.as_dict()))) for k in config) \
+            == config
+    other = next(c for c in moves if c[0].kernel == heuristic[0].kernel)  # another pixel block
+    assert _loop_extents(space.schedule(other).mod["main"]) != \
+        _loop_extents(space.schedule(heuristic).mod["main"])
+    assert space.flops == 2 * 16 * 32 * 32 * 9 * 16
 
 
 def test_knobs_round_trip_through_json(gemm_task):

@@ -12,7 +12,7 @@ the three things that make that happen:
    layout, so nothing is repacked at run time;
 3. **the expert template**: each GEMM kernel is a tensorized register-tile microkernel
    (``tvm_hybrid.microkernels``) inside loops whose block sizes come from a closed-form heuristic
-   (``tvm_hybrid.heuristics``).
+   (``tvm_hybrid.schedules.gemm.heuristics``).
 
 It checks every result against stock TVM and prints the speed-up.
 """
@@ -28,8 +28,8 @@ from onnx import numpy_helper
 
 import tvm_hybrid
 from tvm_hybrid.bench import workloads
-from tvm_hybrid.heuristics import panel_width
 from tvm_hybrid.passes.packed_gemm import pack_weight
+from tvm_hybrid.schedules.gemm.heuristics import panel_width
 
 mlp = workloads.mlp(32, (479, 1024, 1024, 512, 256, 1), final="Sigmoid", name="mlp2")
 hybrid = tvm_hybrid.compile(mlp.model)

@@ -76,7 +76,7 @@ class KernelRecorder:
 def describe_kernels(lowered: tvm.IRModule, recorder: KernelRecorder | None,
                      labels: list[str], target) -> dict[str, KernelInfo]:
     """One :class:`KernelInfo` per PrimFunc of ``lowered`` (the scheduled module)."""
-    from .schedules.gemm_template import TEMPLATE_ANNOTATION
+    from .schedules.gemm.template import TEMPLATE_ANNOTATION
 
     infos = {}
     for gvar, func in lowered.functions.items():
@@ -102,10 +102,10 @@ def describe_kernels(lowered: tvm.IRModule, recorder: KernelRecorder | None,
 def _gemm_flops(func: tirx.PrimFunc) -> tuple[float, str]:
     """FLOPs (2 per multiply-add) of the multiply-accumulate blocks (GEMMs, convolutions) of an
     unscheduled kernel, and their number kind."""
-    from .schedules.gemm_template import _prepare
+    from .schedules.gemm.template import prepare
 
     try:
-        gemms = _prepare(s_tir.Schedule(func)) or []
+        gemms = prepare(s_tir.Schedule(func)) or []
     except Exception:  # noqa: BLE001 - not analysable
         gemms = []
     if gemms:
@@ -144,20 +144,21 @@ def _has_mul(expr) -> bool:
 def template_hint(func: tirx.PrimFunc, target) -> str:
     """Why the expert template did not take ``func`` (unscheduled), in a user's words."""
     from .microkernels import microkernels_for
-    from .schedules.gemm_template import _prepare, _reduction_blocks, candidate_kernels
+    from .schedules.accumulate import reduction_blocks
+    from .schedules.gemm.template import candidate_kernels, prepare
 
     try:
         sch = s_tir.Schedule(func)
-        gemms = _prepare(sch)
+        gemms = prepare(sch)
     except Exception as err:  # noqa: BLE001
         return f"not analysable ({type(err).__name__})"
     if gemms is None:
         return "opaque loops: no schedule rule applies"
     if not gemms:
-        names = " ".join(sch.get(b).name_hint.lower() for b in _reduction_blocks(sch))
+        names = " ".join(sch.get(b).name_hint.lower() for b in reduction_blocks(sch))
         if "conv" in names:
-            return ("a convolution: no convolution template yet (the generic schedule); "
-                    "try tvm-hybrid tune --others metaschedule")
+            return ("a convolution the templates do not cover (depthwise, grouped, strided or "
+                    "too narrow for the direct template): the generic schedule")
         for word, what in (("softmax", "a softmax"), ("norm", "a normalisation"),
                            ("pool", "a pooling")):
             if word in names:

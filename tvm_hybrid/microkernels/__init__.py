@@ -8,8 +8,8 @@ README's "Extending" section)::
 
     C[mr, nr] (accumulators in registers) += sum_k A[mr, k] * B_packed[k, nr]
 
-Selection for a GEMM shape is :func:`tvm_hybrid.heuristics.select`; the weight layout follows
-from the kernel chosen (:attr:`Microkernel.weight_layout`).
+Selection for a GEMM shape is :func:`tvm_hybrid.schedules.gemm.heuristics.select`; the weight
+layout follows from the kernel chosen (:attr:`Microkernel.weight_layout`).
 """
 
 from __future__ import annotations

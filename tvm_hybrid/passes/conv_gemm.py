@@ -37,9 +37,9 @@ from tvm.script import tirx as T
 from tvm.target import Target
 
 from ..errors import first_line
-from ..heuristics import panel_width
 from ..microkernels import microkernels_for
 from ..schedules.conv_template import DIRECT_CONV_BLOCK, choose_conv_kernel
+from ..schedules.gemm.heuristics import panel_width
 from .relax_rewrite import (
     bound_value,
     constant_value,

@@ -1,10 +1,10 @@
 """One packed GEMM for every dtype: constant weights packed at compile time in the layout of the
 microkernel chosen for the GEMM.
 
-:func:`emit_packed_gemm` asks :func:`~tvm_hybrid.heuristics.select` for the best kernel of the
-GEMM's operand dtype (``N`` and ``K`` padded by the packing), packs the weights in that
-kernel's :attr:`~tvm_hybrid.microkernels.Microkernel.weight_layout` with numpy and emits one
-compute, :func:`packed_gemm`, whatever the dtype::
+:func:`emit_packed_gemm` asks :func:`~tvm_hybrid.schedules.gemm.heuristics.select` for the
+best kernel of the GEMM's operand dtype (``N`` and ``K`` padded by the packing), packs the
+weights in that kernel's :attr:`~tvm_hybrid.microkernels.Microkernel.weight_layout` with numpy
+and emits one compute, :func:`packed_gemm`, whatever the dtype::
 
     acc[..., j] = sum_k acc_t(x[..., k]) * acc_t(W_packed[j // p, k // g, j % p, k % g])
     y[..., j]   = out_t(acc[..., j] - compensation[j])          (j < N; padding sliced off)
@@ -22,7 +22,7 @@ import numpy as np
 from tvm import relax, te
 from tvm.target import Target
 
-from ..heuristics import GemmShape, select
+from ..schedules.gemm.heuristics import GemmShape, select
 
 #: Part of every packed GEMM's kernel name (the fusion patterns' anchor).
 PACKED_GEMM = "packed_matmul"
@@ -89,7 +89,7 @@ def packed_gemm(x: te.Tensor, packed: te.Tensor, n: int, acc_dtype: str, out_dty
 def gemm_layout(target: Target, in_dtype: str, m: int, n: int, k: int
                 ) -> tuple[int, int] | None:
     """``(panel, group)`` to pack an ``m x n x k`` GEMM's weights with: the layout of the best
-    kernel :func:`~tvm_hybrid.heuristics.select` offers, or None when there is none."""
+    kernel :func:`~tvm_hybrid.schedules.gemm.heuristics.select` offers, or None if none."""
     kernels = select(target, in_dtype, GemmShape(1, m, n, k), packing=True)
     return kernels[0].weight_layout if kernels else None
 

@@ -26,22 +26,20 @@ of L1.
 from __future__ import annotations
 
 import dataclasses
-import logging
+import random
 
 from tvm import s_tir, tirx
 from tvm.ir.prim.expr import IntImm
 from tvm.s_tir.dlight.analysis import get_sblock_info
-from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from ..heuristics import divisors
 from ..host import cache_sizes
-from ..microkernels import Microkernel, microkernels_for, tensor_intrin
-from .gemm_template import TEMPLATE_ANNOTATION, accumulate_in_tile
-from .parallel_vectorize import inline_free_producers, schedule_blocks
-from .rule_failures import template_failed
-
-logger = logging.getLogger(__name__)
+from ..microkernels import Microkernel, microkernel_by_name, microkernels_for, tensor_intrin
+from .accumulate import accumulate_in_tile
+from .gemm.heuristics import divisors
+from .gemm.template import TEMPLATE_ANNOTATION
+from .parallel_vectorize import inline_free_producers
+from .template import Template, adjacent
 
 #: The name of the convolution's compute (and so of its TIR block), set by ``direct_conv``.
 DIRECT_CONV_BLOCK = "direct_conv"
@@ -69,37 +67,69 @@ class ConvKnobs:
     kernel: Microkernel
     x_block: int
 
+    @property
+    def key(self) -> str:
+        return f"{self.kernel.name}/{self.x_block}"
+
+    def describe(self) -> str:
+        k = self.kernel
+        return f"{k.isa} {k.mr}x{k.nr} microkernel, pixel blocks of {self.x_block * k.mr}"
+
+    def as_dict(self) -> dict:
+        return {"template": ConvTemplate.name, "kernel": self.kernel.name,
+                "x_block": self.x_block}
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvWorkload:
+    """The ``direct_conv`` block of a function and its shape."""
+
+    block: s_tir.schedule.SBlockRV
+    shape: ConvShape
+
+
+def conv_kernels(kernels: list[Microkernel], width: int, panel: int) -> list[Microkernel]:
+    """The microkernels for rows of ``width`` pixels and weight panels of ``panel`` columns,
+    best first: those whose ``mr`` divides ``width`` (at least :data:`MIN_MR`), the most
+    accumulators first."""
+    fitting = [k for k in kernels if k.nr == panel and k.mr >= MIN_MR and width % k.mr == 0]
+    return sorted(fitting, key=lambda k: (k.mr * k.nr, k.mr), reverse=True)
+
 
 def choose_conv_kernel(kernels: list[Microkernel], width: int, panel: int) -> Microkernel | None:
-    """The microkernel for rows of ``width`` pixels and weight panels of ``panel`` columns:
-    the most accumulators among those whose ``mr`` divides ``width`` (at least
-    :data:`MIN_MR`), or None."""
-    fitting = [k for k in kernels if k.nr == panel and k.mr >= MIN_MR and width % k.mr == 0]
-    if not fitting:
-        return None
-    return max(fitting, key=lambda k: (k.mr * k.nr, k.mr))
+    """The best of :func:`conv_kernels`, or None."""
+    ranked = conv_kernels(kernels, width, panel)
+    return ranked[0] if ranked else None
 
 
-def conv_knobs(shape: ConvShape, target: Target) -> ConvKnobs | None:
-    """The heuristic knobs for ``shape`` on ``target`` (None when no microkernel fits)."""
-    kernel = choose_conv_kernel(microkernels_for(target, "float32"), shape.width, shape.panel)
-    if kernel is None:
-        return None
+def _default_knobs(shape: ConvShape, kernel: Microkernel) -> ConvKnobs:
+    """``kernel`` with the largest pixel block whose accumulators fit half of L1."""
     tiles = shape.width // kernel.mr
     budget = cache_sizes().l1d // 2
     fitting = [d for d in divisors(tiles) if d * kernel.mr * kernel.nr * 4 <= budget]
     return ConvKnobs(kernel, max(fitting) if fitting else 1)
 
 
-class ConvTemplate(ScheduleRule):
+def conv_knobs(shape: ConvShape, target: Target) -> ConvKnobs | None:
+    """The heuristic knobs for ``shape`` on ``target`` (None when no microkernel fits)."""
+    kernel = choose_conv_kernel(_fp32_kernels(target), shape.width, shape.panel)
+    return None if kernel is None else _default_knobs(shape, kernel)
+
+
+def _fp32_kernels(target: Target) -> list[Microkernel]:
+    return microkernels_for(target, "float32")
+
+
+class ConvTemplate(Template):
     """Schedule functions holding a direct convolution with the template (heuristic knobs)."""
 
-    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
-            return None
-        if not microkernels_for(target, "float32"):
-            return None
-        sch = s_tir.Schedule(func)
+    name = "direct_conv"
+    title = "direct convolution template"
+
+    def available(self, target: Target) -> bool:
+        return bool(_fp32_kernels(target))
+
+    def match(self, sch: s_tir.Schedule, target: Target) -> list[ConvWorkload] | None:
         root = sch.get_sblock("root")
         convs = [b for b in sch.get_child_blocks(root)
                  if sch.get(b).name_hint.startswith(DIRECT_CONV_BLOCK)]
@@ -111,19 +141,47 @@ class ConvTemplate(ScheduleRule):
         inline_free_producers(sch, infos)
         block = sch.get_sblock(sch.get(convs[0]).name_hint)
         shape = conv_shape(sch, block)
-        knobs = conv_knobs(shape, target) if shape is not None else None
-        if knobs is None:
-            return None
-        done = {sch.get(block).name_hint}
-        try:
-            tile = schedule_conv(sch, block, shape, knobs)
-            done.update(sch.get(b).name_hint for b in sch.get_child_blocks(tile))
-            schedule_blocks(sch, target, done)
-        except s_tir.ScheduleError as err:
-            template_failed("direct convolution template", func,
-                            f"{shape} with {knobs.kernel.name}", err)
-            return None
-        return sch
+        return None if shape is None else [ConvWorkload(block, shape)]
+
+    def heuristic(self, workload: ConvWorkload, target: Target) -> ConvKnobs | None:
+        return conv_knobs(workload.shape, target)
+
+    def fits(self, workload: ConvWorkload, knobs: ConvKnobs, target: Target) -> bool:
+        kernel, shape = knobs.kernel, workload.shape
+        return (kernel in _fp32_kernels(target) and kernel.nr == shape.panel
+                and shape.width % (kernel.mr * knobs.x_block) == 0)
+
+    def schedule(self, sch: s_tir.Schedule, workload: ConvWorkload, knobs: ConvKnobs):
+        return schedule_conv(sch, workload.block, workload.shape, knobs)
+
+    def flops(self, workload: ConvWorkload) -> float:
+        s = workload.shape
+        return float(2 * s.rows * s.width * s.channels * s.taps * s.depth)
+
+    def variants(self, workload: ConvWorkload, target: Target) -> list[ConvKnobs]:
+        return [_default_knobs(workload.shape, k) for k in self._kernels(workload, target)]
+
+    def neighbours(self, workload: ConvWorkload, knobs: ConvKnobs,
+                   target: Target) -> list[ConvKnobs]:
+        sizes = divisors(workload.shape.width // knobs.kernel.mr)
+        out = [ConvKnobs(knobs.kernel, b) for b in adjacent(sizes, knobs.x_block)]
+        return out + [_default_knobs(workload.shape, k) for k in self._kernels(workload, target)
+                      if k != knobs.kernel]
+
+    def random(self, workload: ConvWorkload, target: Target, rng: random.Random) -> ConvKnobs:
+        kernel = rng.choice(self._kernels(workload, target))
+        return ConvKnobs(kernel, rng.choice(divisors(workload.shape.width // kernel.mr)))
+
+    def size(self, workload: ConvWorkload, target: Target) -> int:
+        return sum(len(divisors(workload.shape.width // k.mr))
+                   for k in self._kernels(workload, target))
+
+    def knobs_from_dict(self, data: dict) -> ConvKnobs:
+        return ConvKnobs(microkernel_by_name(data["kernel"]), int(data["x_block"]))
+
+    @staticmethod
+    def _kernels(workload: ConvWorkload, target: Target) -> list[Microkernel]:
+        return conv_kernels(_fp32_kernels(target), workload.shape.width, workload.shape.panel)
 
 
 def conv_shape(sch: s_tir.Schedule, block) -> ConvShape | None:

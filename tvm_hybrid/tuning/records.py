@@ -23,10 +23,10 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 
 from ..errors import TuningRecordsError, first_line
-from ..heuristics import knobs_from_dict
 from ..host import target_to_dict
 from ..microkernels import ensure_tensor_intrin
 from .search import SearchState, Trial
+from .space import knobs_from_dict
 
 FORMAT = "tvm_hybrid.tuning_records"
 VERSION = 1

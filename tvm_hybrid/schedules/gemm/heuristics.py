@@ -1,6 +1,6 @@
 """Closed-form choice of the GEMM template's knobs (no search), from cache sizes and core count.
 
-The template (``schedules/gemm_template.py``) computes ``C[b, M, N] = A[b, M, K] @ B[K, N]`` as
+The template (``template.py``) computes ``C[b, M, N] = A[b, M, K] @ B[K, N]`` as
 ``mr x nr`` register tiles (a microkernel over the whole ``K``), grouped into blocks of ``mb``
 tiles down ``M`` and ``nb`` tiles across ``N``. Blocks are spread over the threads; inside a
 block, the loop over ``N`` tiles is outer, so one ``K x nr`` panel of ``B`` stays in L1/L2 while
@@ -33,8 +33,8 @@ import math
 
 from tvm.target import Target
 
-from .host import CacheSizes
-from .microkernels import Microkernel, microkernels_for
+from ...host import CacheSizes
+from ...microkernels import Microkernel, microkernels_for
 
 # Accumulators needed to hide FMA latency: 2 FMA pipes x 4 cycles.
 _MIN_ACCUMULATORS = 8
@@ -67,15 +67,20 @@ class GemmKnobs:
     n_block: int
     order: str = "nm"
 
+    @property
+    def key(self) -> str:
+        """A stable string naming the knobs (tuning records, repeats)."""
+        return f"{self.kernel.name}/{self.m_block}/{self.n_block}/{self.order}"
+
     def describe(self) -> str:
         k = self.kernel
         return (f"{k.isa} {k.mr}x{k.nr} microkernel, blocks of {self.m_block * k.mr}x"
                 f"{self.n_block * k.nr}, order {self.order}")
 
     def as_dict(self) -> dict:
-        """A JSON-able form (kernel by name); :func:`knobs_from_dict` reverses it."""
-        return {"kernel": self.kernel.name, "m_block": self.m_block, "n_block": self.n_block,
-                "order": self.order}
+        """A JSON-able form (kernel by name); the template's ``knobs_from_dict`` reverses it."""
+        return {"template": "gemm", "kernel": self.kernel.name, "m_block": self.m_block,
+                "n_block": self.n_block, "order": self.order}
 
 
 def select(target: Target, in_dtype: str, shape: GemmShape, *, panel: int | None = None,
@@ -153,20 +158,6 @@ def choose_knobs(shape: GemmShape, kernels: list[Microkernel], caches: CacheSize
         return None
     m_block, n_block = choose_blocks(shape, kernel, caches, threads)
     return GemmKnobs(kernel, m_block, n_block)
-
-
-def knobs_from_dict(data: dict) -> GemmKnobs:
-    """The :class:`GemmKnobs` that :meth:`GemmKnobs.as_dict` wrote.
-
-    Raises
-    ------
-    KeyError
-        When the microkernel named there is unknown.
-    """
-    from .microkernels import microkernel_by_name
-
-    return GemmKnobs(microkernel_by_name(data["kernel"]), int(data["m_block"]),
-                     int(data["n_block"]), str(data.get("order", "nm")))
 
 
 def divisors(n: int) -> list[int]:

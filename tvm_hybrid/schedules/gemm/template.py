@@ -11,29 +11,31 @@ nest is::
           C[m_tile, n_tile] = epilogue(acc)       # bias, activation, residual... while hot
 
 The block sizes are ``sample_perfect_tile`` decisions (the heuristic's values are passed as the
-decisions, so a tuner can search exactly these knobs); the microkernel comes from
-``microkernels.py``. The elementwise consumers FuseOps put in the same function (the fusion
-group's epilogue) are inlined into the tile's write-back, or computed at the tile (the paper's
-"anchor") when they cannot be inlined, e.g. the slice that drops the packing's padded columns.
+decisions, so a tuner can search exactly these knobs); the microkernel comes from the registry
+(``microkernels/``), ranked by ``heuristics.select``. The elementwise consumers FuseOps put in
+the same function (the fusion group's epilogue) are inlined into the tile's write-back, or
+computed at the tile (the paper's "anchor") when they cannot be inlined, e.g. the slice that
+drops the packing's padded columns. ``space.py`` is the knob space a tuner searches.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import random
 
-from tvm import s_tir, tirx
+from tvm import s_tir
 from tvm.s_tir.dlight.analysis import get_sblock_info
-from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from ..heuristics import GemmKnobs, choose_knobs, select
-from ..host import cache_sizes, target_features
-from ..microkernels import Microkernel, has_gemm_kernels, tensor_intrin
-from ..thread_pool import num_threads
-from .gemm_analysis import GemmBlock, match_gemm
-from .parallel_vectorize import inline_free_producers, schedule_blocks
-from .rule_failures import template_failed
+from ...host import cache_sizes, target_features
+from ...microkernels import Microkernel, has_gemm_kernels, microkernel_by_name, tensor_intrin
+from ...thread_pool import num_threads
+from ..accumulate import accumulate_in_tile, reduction_blocks
+from ..parallel_vectorize import inline_free_producers
+from ..template import Template
+from . import space
+from .analysis import GemmBlock, match_gemm
+from .heuristics import GemmKnobs, choose_knobs, select
 
 logger = logging.getLogger(__name__)
 
@@ -41,77 +43,58 @@ logger = logging.getLogger(__name__)
 TEMPLATE_ANNOTATION = "hybrid.gemm_template"
 
 
-class GemmTemplate(ScheduleRule):
+class GemmTemplate(Template):
     """Schedule functions holding a GEMM with the expert template (heuristic knobs)."""
 
-    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
-        applied = apply_template(func, target)
-        return applied[0] if applied is not None else None
+    name = "gemm"
+    title = "GEMM template"
 
+    def available(self, target: Target) -> bool:
+        return has_gemm_kernels(target)
 
-def apply_template(
-    func: tirx.PrimFunc,
-    target: Target,
-    knobs: Sequence[GemmKnobs] | None = None,
-    *,
-    sch: s_tir.Schedule | None = None,
-) -> tuple[s_tir.Schedule, list[GemmKnobs]] | None:
-    """Schedule ``func`` with the template, or return None when the template does not apply.
+    def match(self, sch: s_tir.Schedule, target: Target) -> list[GemmBlock] | None:
+        return prepare(sch)
 
-    Parameters
-    ----------
-    func
-        A fused PrimFunc (one GEMM plus its producers and epilogue, typically).
-    target
-        The CPU target; its ISA picks the microkernel family.
-    knobs
-        One :class:`GemmKnobs` per GEMM block, in block order (what a tuner searches). None
-        uses the heuristic's knobs (:func:`knobs_for`).
-    sch
-        A schedule of ``func`` to apply the template to (MetaSchedule passes its own, so that
-        the trace is recorded there). A new one by default.
+    def heuristic(self, workload: GemmBlock, target: Target) -> GemmKnobs | None:
+        return knobs_for(workload, target)
 
-    Returns
-    -------
-    (s_tir.Schedule, list[GemmKnobs]) or None
-        The scheduled function and the knobs used for each GEMM.
-    """
-    if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
-        return None
-    if not has_gemm_kernels(target):
-        return None
-    sch = sch if sch is not None else s_tir.Schedule(func)
-    gemms = _prepare(sch)
-    if gemms is None:
-        return None
-    chosen: list[tuple[GemmBlock, GemmKnobs]] = []
-    for index, gemm in enumerate(gemms):
-        picked = knobs_for(gemm, target) if knobs is None else knobs[index]
-        if picked is None:
-            continue
-        if not set(picked.kernel.features) <= target_features(target):
+    def fits(self, workload: GemmBlock, knobs: GemmKnobs, target: Target) -> bool:
+        if not set(knobs.kernel.features) <= target_features(target):
             # Never lower a microkernel the target lacks (AMX on a non-AMX CPU aborts LLVM):
             # knobs from elsewhere (records, a caller) are declined here.
             logger.warning("microkernel %s needs %s, which the target lacks; declined",
-                           picked.kernel.name, "/".join(picked.kernel.features))
-            return None
-        if not knobs_fit(gemm, picked):
-            return None
-        chosen.append((gemm, picked))
-    if not chosen:
-        return None
-    try:
-        done: set[str] = set()
-        for gemm, picked in chosen:
-            done.add(sch.get(gemm.block).name_hint)
-            tile_loop = schedule_gemm(sch, gemm, picked)
-            done.update(sch.get(b).name_hint for b in sch.get_child_blocks(tile_loop))
-        schedule_blocks(sch, target, done)
-    except s_tir.ScheduleError as err:
-        template_failed("GEMM template", func,
-                        "; ".join(f"{g.shape} with {k.describe()}" for g, k in chosen), err)
-        return None
-    return sch, [k for _, k in chosen]
+                           knobs.kernel.name, "/".join(knobs.kernel.features))
+            return False
+        return knobs_fit(workload, knobs)
+
+    def schedule(self, sch: s_tir.Schedule, workload: GemmBlock, knobs: GemmKnobs):
+        return schedule_gemm(sch, workload, knobs)
+
+    def flops(self, workload: GemmBlock) -> float:
+        shape = workload.shape
+        return float(2 * shape.batch * shape.m * shape.n * shape.k)
+
+    def variants(self, workload: GemmBlock, target: Target) -> list[GemmKnobs]:
+        return space.variants(workload.shape, self._ranked(workload, target), _threads(target))
+
+    def neighbours(self, workload: GemmBlock, knobs: GemmKnobs,
+                   target: Target) -> list[GemmKnobs]:
+        return space.neighbours(workload.shape, knobs, self._ranked(workload, target),
+                                _threads(target))
+
+    def random(self, workload: GemmBlock, target: Target, rng: random.Random) -> GemmKnobs:
+        return space.random_knobs(workload.shape, self._ranked(workload, target), rng)
+
+    def size(self, workload: GemmBlock, target: Target) -> int:
+        return space.size(workload.shape, self._ranked(workload, target))
+
+    @staticmethod
+    def _ranked(workload: GemmBlock, target: Target) -> list[Microkernel]:
+        return space.ranked_kernels(workload.shape, candidate_kernels(workload, target))
+
+    def knobs_from_dict(self, data: dict) -> GemmKnobs:
+        return GemmKnobs(microkernel_by_name(data["kernel"]), int(data["m_block"]),
+                         int(data["n_block"]), str(data.get("order", "nm")))
 
 
 def knobs_fit(gemm: GemmBlock, knobs: GemmKnobs) -> bool:
@@ -119,21 +102,10 @@ def knobs_fit(gemm: GemmBlock, knobs: GemmKnobs) -> bool:
     kernel, shape = knobs.kernel, gemm.shape
     if gemm.packed_nr is not None and kernel.panel_width != gemm.packed_nr:
         return False
-    if shape.k % kernel.k_granule:
+    if shape.k % kernel.k_granule or knobs.order not in space.ORDERS:
         return False
     return (shape.m % (kernel.mr * knobs.m_block) == 0
             and shape.n % (kernel.nr * knobs.n_block) == 0)
-
-
-def template_gemms(func: tirx.PrimFunc, target: Target) -> list[GemmBlock]:
-    """The GEMMs of ``func`` the template schedules (each with its shape), in block order.
-
-    Empty when the template does not apply to ``func``.
-    """
-    if apply_template(func, target) is None:
-        return []
-    gemms = _prepare(s_tir.Schedule(func)) or []
-    return [g for g in gemms if knobs_for(g, target) is not None]
 
 
 def candidate_kernels(gemm: GemmBlock, target: Target) -> list[Microkernel]:
@@ -142,7 +114,7 @@ def candidate_kernels(gemm: GemmBlock, target: Target) -> list[Microkernel]:
     return select(target, gemm.dtype, gemm.shape, panel=gemm.packed_nr)
 
 
-def _prepare(sch: s_tir.Schedule) -> list[GemmBlock] | None:
+def prepare(sch: s_tir.Schedule) -> list[GemmBlock] | None:
     """Inline free producers and find the GEMM blocks; None when ``sch`` has opaque blocks."""
     # Not dlight's normalize_prim_func: it drops unit loops (M = 1) and fuses batch loops,
     # which would hide the GEMM structure the template relies on.
@@ -151,7 +123,7 @@ def _prepare(sch: s_tir.Schedule) -> list[GemmBlock] | None:
     if any("O" in info.dom_kind() for info in infos):
         return None
     inline_free_producers(sch, infos)
-    gemms = [match_gemm(sch, block) for block in _reduction_blocks(sch)]
+    gemms = [match_gemm(sch, block) for block in reduction_blocks(sch)]
     return [g for g in gemms if g is not None]
 
 
@@ -162,9 +134,12 @@ def knobs_for(gemm: GemmBlock, target: Target) -> GemmKnobs | None:
     """
     if gemm.shape.k < 2:
         return None
-    kernels = candidate_kernels(gemm, target)
-    cores = int(target.attrs.get("num-cores", 0)) or num_threads()
-    return choose_knobs(gemm.shape, kernels, cache_sizes(), cores)
+    return choose_knobs(gemm.shape, candidate_kernels(gemm, target), cache_sizes(),
+                        _threads(target))
+
+
+def _threads(target: Target) -> int:
+    return int(target.attrs.get("num-cores", 0)) or num_threads()
 
 
 def schedule_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
@@ -234,55 +209,3 @@ def schedule_block_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
                  f"{kernel.isa} {kernel.in_dtype} {kernel.mr}x{kernel.nr} tiles per block, "
                  f"K={gemm.shape.k}")
     return blocks
-
-
-def accumulate_in_tile(sch: s_tir.Schedule, block, tile_loop, init_at) -> None:
-    """Accumulate ``block`` in a local buffer per ``tile_loop`` iteration, zeroed before the
-    loop ``init_at``, with the elementwise chain after it in the tile's write-back; the init,
-    write-back and epilogue blocks vectorised (the update is left to the microkernel)."""
-    acc = sch.cache_write(block, 0, "local")
-    sch.reverse_compute_at(acc, tile_loop, preserve_unit_loops=True)
-    _attach_epilogue(sch, acc, tile_loop)
-    sch.decompose_reduction(block, init_at)
-    update = sch.get(block).name_hint
-    for child in sch.get_child_blocks(tile_loop):
-        if sch.get(child).name_hint != update:
-            _vectorize_innermost(sch, child)
-
-
-def _attach_epilogue(sch: s_tir.Schedule, producer, tile_loop) -> None:
-    """Bring the elementwise chain after ``producer`` into the tile: inline, else compute-at."""
-    while True:
-        consumers = sch.get_consumers(producer)
-        if len(consumers) != 1:
-            return
-        consumer = consumers[0]
-        try:
-            sch.reverse_compute_inline(consumer)
-            continue
-        except s_tir.ScheduleError:
-            pass
-        if _is_reduction(sch, consumer):
-            return
-        try:
-            sch.reverse_compute_at(consumer, tile_loop, preserve_unit_loops=True)
-        except s_tir.ScheduleError:
-            return
-        producer = consumer
-
-
-def _vectorize_innermost(sch: s_tir.Schedule, block) -> None:
-    loops = sch.get_loops(block)
-    try:
-        sch.vectorize(loops[-1])
-    except s_tir.ScheduleError:
-        pass
-
-
-def _is_reduction(sch: s_tir.Schedule, block) -> bool:
-    return any(iv.iter_type == tirx.IterVar.CommReduce for iv in sch.get(block).iter_vars)
-
-
-def _reduction_blocks(sch: s_tir.Schedule) -> list:
-    root = sch.get_sblock("root")
-    return [b for b in sch.get_child_blocks(root) if _is_reduction(sch, b)]

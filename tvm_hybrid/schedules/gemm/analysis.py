@@ -21,7 +21,7 @@ import tvm.ir.expr as ir_expr
 import tvm.ir.prim.expr as prim
 from tvm import s_tir, tirx
 
-from ..heuristics import GemmShape
+from .heuristics import GemmShape
 
 
 @dataclasses.dataclass
