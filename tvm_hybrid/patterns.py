@@ -40,7 +40,7 @@ from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 from tvm.relax.transform import FusionPattern, PatternCheckContext
 
-from .passes.conv_gemm import DIRECT_CONV
+from .passes.conv_computes import DIRECT_CONV
 from .passes.packed_gemm import PACKED_GEMM
 
 Check = Callable[[PatternCheckContext, str], bool]

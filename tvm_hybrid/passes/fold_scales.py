@@ -24,7 +24,7 @@ import tvm
 from tvm import relax
 from tvm.ir.prim.expr import IntImm
 
-from .conv_gemm import DEPTHWISE, DIRECT_CONV
+from .conv_computes import DEPTHWISE, DIRECT_CONV
 from .relax_rewrite import bound_value, constant_value, is_op, rewrite_functions
 
 

@@ -1,0 +1,152 @@
+"""The TE computes convolutions become on the GEMM engine (``conv_gemm.py`` emits them).
+
+:func:`im2col` gathers the GEMM's left operand (a hand-scheduled kernel), :func:`direct_conv`
+is the batch-reduce GEMM over the taps that ``schedules/conv_template.py`` schedules (weights
+packed by :func:`pack_conv_weight`), :func:`col2im` sums a transposed convolution's taps and
+:func:`depthwise_conv` is the depthwise convolution vectorised along the NHWC channels.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from tvm import te, tirx
+from tvm.script import tirx as T
+
+from ..schedules.conv_template import DIRECT_CONV_BLOCK
+
+IM2COL = "hybrid_im2col"
+DIRECT_CONV = "hybrid_direct_conv"
+COL2IM = "hybrid_col2im"
+DEPTHWISE = "hybrid_depthwise_conv"
+#: TVM's OpPatternKind kOutEWiseFusable (what the hand-written im2col declares itself).
+OUT_ELEMWISE_FUSABLE = 4
+
+
+def im2col(x_shape: tuple[int, int, int, int], kernel: tuple[int, int],
+           strides: tuple[int, int], padding: tuple[int, int, int, int],
+           dilation: tuple[int, int], out_hw: tuple[int, int]) -> tirx.PrimFunc:
+    """The PrimFunc ``x[N, H, W, C]`` to ``X_col[N * OH * OW, KH * KW * C]`` (zero in the
+    padding).
+
+    Channels are innermost on both sides, so each row is ``KH * KW`` contiguous copies of
+    ``C`` values: scheduled here, parallel over rows, the source pixel computed once per tap
+    and copied along ``c`` (vectorised), not once per element with divisions.
+    """
+    n, h, w, c = x_shape
+    kh, kw = kernel
+    oh, ow = out_hw
+    sh, sw = strides
+    dh, dw = dilation
+    top, left = padding[0], padding[1]
+    zero = tirx.const(0.0, "float32")
+
+    @T.prim_func(private=True, s_tir=True)
+    def func(x: T.Buffer((n, h, w, c), "float32"),
+             cols: T.Buffer((n * oh * ow, kh * kw * c), "float32")):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True,
+                     "op_pattern": OUT_ELEMWISE_FUSABLE})
+        with T.sblock("root"):
+            T.reads(x[0:n, 0:h, 0:w, 0:c])
+            T.writes(cols[0:n * oh * ow, 0:kh * kw * c])
+            for row in T.parallel(n * oh * ow):
+                for ky, kx in T.grid(kh, kw):
+                    if ((row // ow) % oh * sh + ky * dh >= top
+                            and (row // ow) % oh * sh + ky * dh < h + top
+                            and row % ow * sw + kx * dw >= left
+                            and row % ow * sw + kx * dw < w + left):
+                        for ch in T.vectorized(c):
+                            cols[row, (ky * kw + kx) * c + ch] = x[
+                                row // (oh * ow), (row // ow) % oh * sh + ky * dh - top,
+                                row % ow * sw + kx * dw - left, ch]
+                    else:
+                        for ch in T.vectorized(c):
+                            cols[row, (ky * kw + kx) * c + ch] = zero
+
+    return func
+
+
+def pack_conv_weight(w: np.ndarray, nr: int) -> np.ndarray:
+    """OHWI ``w[O, KH, KW, C]`` to ``W[ceil(O / nr), KH, KW, C, nr]`` (zero-padded channels):
+    for each panel of ``nr`` output channels and each tap, the ``C x nr`` matrix the
+    microkernel streams, contiguous."""
+    o, kh, kw, c = w.shape
+    panels = -(-o // nr)
+    padded = np.zeros((panels * nr, kh, kw, c), w.dtype)
+    padded[:o] = w
+    return np.ascontiguousarray(padded.reshape(panels, nr, kh, kw, c).transpose(0, 2, 3, 4, 1))
+
+
+def direct_conv(xp: te.Tensor, packed: te.Tensor, dilation: tuple[int, int],
+                out_hw: tuple[int, int], channels: int) -> te.Tensor:
+    """The stride-1 NHWC convolution of the padded ``xp[N, H, W, C]`` by
+    :func:`pack_conv_weight`'s ``packed``, ``channels`` outputs: the direct template's compute
+    (``schedules/conv_template.py``)."""
+    panels, kh, kw, c, nr = (int(d) for d in packed.shape)
+    ky = te.reduce_axis((0, kh), name="ky")
+    kx = te.reduce_axis((0, kw), name="kx")
+    rc = te.reduce_axis((0, c), name="rc")
+    out = te.compute(
+        (int(xp.shape[0]), *out_hw, panels * nr),
+        lambda b, y, x, o: te.sum(
+            xp[b, y + ky * dilation[0], x + kx * dilation[1], rc]
+            * packed[o // nr, ky, kx, rc, o % nr], axis=[ky, kx, rc]),
+        name=DIRECT_CONV_BLOCK)
+    if panels * nr == channels:
+        return out
+    return te.compute((int(xp.shape[0]), *out_hw, channels), lambda *i: out[i], name="unpad")
+
+
+def col2im(cols: te.Tensor, batch: int, in_hw: tuple[int, int], kernel: tuple[int, int],
+           out_channels: int, strides: tuple[int, int], padding: tuple[int, int],
+           dilation: tuple[int, int], out_hw: tuple[int, int]) -> te.Tensor:
+    """The transposed convolution's output ``Y[N, O, OH, OW]`` from the GEMM's
+    ``cols[N * H * W, KH * KW * O]``: each output pixel sums the (at most ``KH * KW``) taps
+    whose input pixel lands on it (an injective kernel: the taps are unrolled)."""
+    h, w = in_hw
+    kh, kw = kernel
+    if ((kh, kw) == tuple(strides) and not any(padding) and tuple(dilation) == (1, 1)
+            and tuple(out_hw) == (h * kh, w * kw)):
+        # No overlap (DBNet's 2x2 stride-2 upsampling): one tap per output pixel, a pure
+        # rearrangement without a bounds test per tap.
+        return te.compute(
+            (batch, out_channels, *out_hw),
+            lambda b, o, oy, ox: cols[(b * h + oy // kh) * w + ox // kw,
+                                      ((oy % kh) * kw + ox % kw) * out_channels + o],
+            name="col2im")
+
+    def value(b, o, oy, ox):
+        total = tirx.const(0.0, cols.dtype)
+        for ky in range(kh):
+            for kx in range(kw):
+                ny = oy + padding[0] - ky * dilation[0]
+                nx = ox + padding[1] - kx * dilation[1]
+                iy, ix = ny // strides[0], nx // strides[1]
+                hit = tirx.all(ny >= 0, nx >= 0, ny % strides[0] == 0, nx % strides[1] == 0,
+                               iy < h, ix < w)
+                row = (b * h + tirx.min(iy, h - 1)) * w + tirx.min(ix, w - 1)
+                col = (ky * kw + kx) * out_channels + o
+                total = total + tirx.if_then_else(hit, cols[tirx.max(row, 0), col],
+                                                  tirx.const(0.0, cols.dtype))
+        return total
+
+    return te.compute((batch, out_channels, *out_hw), value, name="col2im")
+
+
+def depthwise_conv(x: te.Tensor, weight: te.Tensor, strides: tuple[int, int],
+                   dilation: tuple[int, int], out_hw: tuple[int, int]) -> te.Tensor:
+    """NHWC depthwise convolution of the (already padded) ``x[N, H, W, C]`` by
+    ``weight[KH, KW, C]``: each output element sums its ``KH * KW`` taps, unrolled (an
+    injective kernel, vectorised along the contiguous channels, with the bias and activation
+    after it fused in)."""
+    kh, kw, _ = (int(d) for d in weight.shape)
+
+    def value(b, oy, ox, c):
+        total = tirx.const(0.0, x.dtype)
+        for ky in range(kh):
+            for kx in range(kw):
+                tap = x[b, oy * strides[0] + ky * dilation[0], ox * strides[1] + kx * dilation[1],
+                        c]
+                total = total + tap * weight[ky, kx, c]
+        return total
+
+    return te.compute((int(x.shape[0]), *out_hw, int(x.shape[3])), value, name="depthwise")

@@ -1,0 +1,125 @@
+"""Graph forms that let ``ConvertLayout`` carry NHWC through a chain of convolutions.
+
+A 1-D convolution becomes a 2-D one of height 1 (:class:`Conv1dAs2d`), and
+:class:`LayoutFriendly` rewrites ops TVM's layout rules stop at into equivalent forms they
+carry (clips, lower-rank constants, per-tensor fake quantization). ``conv_gemm.py`` runs both
+before ``ConvertLayout``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from .relax_rewrite import bound_value, constant_value, is_op, is_static_tensor
+
+
+def fp32_operands(mutator: relax.PyExprMutator, call: relax.Call,
+                   ndim: int) -> tuple[relax.Expr, np.ndarray] | None:
+    """``(x, weight value)`` of a convolution whose input and output are static fp32 tensors of
+    rank ``ndim`` and whose weight is an fp32 constant of that rank; None otherwise."""
+    x, weight = call.args
+    w = constant_value(mutator, weight)
+    if (w is None or w.dtype != np.float32 or w.ndim != ndim
+            or not is_static_tensor(x.ty, ("float32",), min_ndim=ndim)
+            or not is_static_tensor(call.ty, ("float32",), min_ndim=ndim)):
+        return None
+    return x, w
+
+
+@relax.expr_functor.mutator
+class Conv1dAs2d(relax.PyExprMutator):
+    """``conv1d(x[N, C, W], w[O, C/g, KW])`` with a constant weight as
+    ``squeeze(conv2d(x[N, C, 1, W], w[O, C/g, 1, KW]), 2)``."""
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = self.visit_expr_post_order(call)
+        if not is_op(call, "relax.nn.conv1d"):
+            return call
+        attrs = call.attrs
+        operands = fp32_operands(self, call, ndim=3)
+        if (str(attrs.data_layout) != "NCW" or str(attrs.kernel_layout) != "OIW"
+                or str(attrs.out_layout) not in ("NCW", "") or operands is None):
+            return call
+        x, w = operands
+        pads = [int(p) for p in attrs.padding]
+        conv = relax.op.nn.conv2d(
+            relax.op.expand_dims(x, 2), relax.const(np.ascontiguousarray(w[:, :, None, :])),
+            strides=(1, int(attrs.strides[0])), padding=(0, pads[0], 0, pads[-1]),
+            dilation=(1, int(attrs.dilation[0])), groups=int(attrs.groups))
+        return relax.op.squeeze(self.builder_.emit(conv), [2])
+
+
+@relax.expr_functor.mutator
+class LayoutFriendly(relax.PyExprMutator):
+    """Forms ``ConvertLayout`` carries a layout through: float ``clip(x, lo, hi)`` as
+    ``minimum(maximum(x, lo), hi)``, and a constant operand of an elementwise op with fewer
+    axes than the other (``x + c[1]``, ``x * c[C, 1, 1]`` as exporters write them) as a scalar
+    or at the other's rank (TVM's layout rule keeps such a pair in the old layout), and a
+    per-tensor ``dequantize(quantize(x))`` (fake quantization between the convolutions of a
+    QDQ model) as ``clip(round(x / s), -zp, qmax - zp) * s``, the same values bit for bit."""
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = self.visit_expr_post_order(call)
+        if isinstance(call.op, tvm.ir.Op) and call.op.name in _BINARY:
+            return self._ranked(call)
+        if is_op(call, "relax.dequantize"):
+            return self._fake_quantization(call)
+        if is_op(call, "relax.clip"):
+            return self._clip(call)
+        return call
+
+    def _clip(self, call: relax.Call) -> relax.Expr:
+        if not is_static_tensor(call.ty, ("float32",), min_ndim=1):
+            return call
+        lo, hi = (_number(arg) for arg in call.args[1:])
+        low = relax.op.maximum(call.args[0], relax.const(lo, "float32"))
+        return relax.op.minimum(self.builder_.emit(low), relax.const(hi, "float32"))
+
+    def _fake_quantization(self, call: relax.Call) -> relax.Expr:
+        quantize = bound_value(self, call.args[0])
+        if not is_op(quantize, "relax.quantize") or str(call.ty.dtype) != "float32" \
+                or str(quantize.args[0].ty.dtype) != "float32":
+            return call
+        params = [constant_value(self, arg) for arg in (*quantize.args[1:], *call.args[1:])]
+        if any(p is None or p.size != 1 for p in params):
+            return call
+        scale, zero, scale2, zero2 = (p.reshape(()) for p in params)
+        qdtype = str(quantize.ty.dtype)
+        if scale != scale2 or zero != zero2 or qdtype not in _QUANTIZED:
+            return call
+        qmin, qmax = _QUANTIZED[qdtype]
+        zp = float(zero)
+        steps = self.builder_.emit(relax.op.round(relax.op.divide(
+            quantize.args[0], relax.const(np.float32(scale)))))
+        low = self.builder_.emit(relax.op.maximum(steps, relax.const(qmin - zp, "float32")))
+        high = self.builder_.emit(relax.op.minimum(low, relax.const(qmax - zp, "float32")))
+        return relax.op.multiply(high, relax.const(np.float32(scale)))
+
+    def _ranked(self, call: relax.Call) -> relax.Expr:
+        args = list(call.args)
+        if not all(isinstance(a.ty, relax.TensorType) and a.ty.ndim >= 0 for a in args):
+            return call
+        rank = max(a.ty.ndim for a in args)
+        for i, arg in enumerate(args):
+            value = constant_value(self, arg)
+            if value is None or value.ndim in (0, rank):
+                continue
+            args[i] = relax.const(value.reshape(()) if value.size == 1 else
+                                  value.reshape((1,) * (rank - value.ndim) + value.shape))
+        if all(a.same_as(b) for a, b in zip(args, call.args)):
+            return call
+        return relax.Call(call.op, args, call.attrs)
+
+
+_QUANTIZED = {"uint8": (0, 255), "int8": (-128, 127), "uint16": (0, 65535),
+              "int16": (-32768, 32767)}
+_BINARY = frozenset({"relax.add", "relax.subtract", "relax.multiply", "relax.divide",
+                     "relax.maximum", "relax.minimum", "relax.power"})
+
+
+def _number(value) -> float:
+    """A ``PrimValue``'s number (its ``value`` is a Python number or an ``IntImm``/``FloatImm``)."""
+    value = value.value
+    return float(getattr(value, "value", value))
