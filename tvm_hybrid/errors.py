@@ -43,6 +43,10 @@ class TuningRecordsError(TVMHybridError):
     """A tuning-records file is missing, malformed or made for another target."""
 
 
+class RPCError(TVMHybridError):
+    """The RPC tracker cannot be reached, or it has no server under the requested key."""
+
+
 class OptionError(TVMHybridError, ValueError):
     """An option has a value tvm_hybrid does not know (a precision, a pipeline, a count)."""
 

@@ -50,6 +50,11 @@ def integer_gemm_dtype(target, weight_min: int, weight_max: int) -> str | None:
     return "int16" if microkernels_for(target, "int16") else None
 
 
+def has_integer_kernels(target) -> bool:
+    """Whether ``target`` has an integer GEMM kernel of either operand dtype."""
+    return bool(microkernels_for(target, "uint8") or microkernels_for(target, "int16"))
+
+
 __all__ = [
     "Family",
     "Microkernel",
@@ -58,6 +63,7 @@ __all__ = [
     "all_families",
     "family_of",
     "has_gemm_kernels",
+    "has_integer_kernels",
     "integer_gemm_dtype",
     "isa_tiers",
     "microkernel_by_name",

@@ -1,18 +1,78 @@
-"""The TIR of register tiles: descriptions and implementations the vector families share.
+"""The TIR of tile intrinsics: one PrimFunc skeleton, the reference update, the vector bodies.
 
-Two shapes of ``B``: plain panels ``B[k, nr]`` (fp32, :func:`plain_tile_functions`) and panels
-with ``group`` consecutive ``k`` per 32-bit lane ``B[k / group, nr, group]`` (VNNI 4, s16 and bf16
-2: :func:`grouped_desc` with :func:`grouped_impl`, the latter taking the ISA's vector update).
-The implementation broadcasts one element (or group) of ``A`` per row and issues ``nr / lanes``
-vector updates per row and ``k`` step; LLVM keeps the ``mr * nr / lanes`` accumulators in
-registers across the ``k`` loop (the assembly tests check: no spills).
+A tensor intrinsic is a (description, implementation) pair of PrimFuncs over the same strided
+buffers ``A``, ``B`` and a local accumulator ``C``: :func:`tile_function` builds either from a
+``T.macro`` body. :func:`reference_update` is the description every family shares (what the
+template's block must match), ``C[i, j] += acc(A[i, k]) * acc(B at (j, k))`` with ``B`` in the
+family's packed layout. Two layouts of vector families are here: plain panels ``B[k, nr]``
+(fp32, :func:`plain_tile_functions`) and panels with ``group`` consecutive ``k`` per 32-bit lane
+``B[k / group, nr, group]`` (VNNI 4, s16 and bf16 2: :func:`grouped_tile_functions`, taking the
+ISA's vector update). Their implementations broadcast one element (or group) of ``A`` per row
+and issue ``nr / lanes`` vector updates per row and ``k`` step; LLVM keeps the
+``mr * nr / lanes`` accumulators in registers across the ``k`` loop (the assembly tests check:
+no spills).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from tvm.script import tirx as T
 
 from .kernel import Microkernel
+
+
+def tile_function(a_shape: tuple, b_shape: tuple, b_strides: tuple, dtypes: tuple[str, ...],
+                  c_shape: tuple, body):
+    """A PrimFunc over ``A[a_shape]``, ``B[b_shape]`` (row stride free, then ``b_strides``) and
+    a local ``C[c_shape]`` of ``dtypes`` (A, B, C), whose root block reads all three, writes
+    ``C`` and runs ``body(A, B, C)`` (a ``T.macro``)."""
+    a_dtype, b_dtype, acc = dtypes
+    a_region = tuple(slice(0, d) for d in a_shape)
+    b_region = tuple(slice(0, d) for d in b_shape)
+    c_region = tuple(slice(0, d) for d in c_shape)
+
+    @T.prim_func(s_tir=True)
+    def func(a: T.handle, b: T.handle, c: T.handle):
+        lda = T.int32()
+        ldb = T.int32()
+        ldc = T.int32()
+        A = T.match_buffer(a, a_shape, a_dtype, offset_factor=1, strides=[lda, 1])
+        B = T.match_buffer(b, b_shape, b_dtype, offset_factor=1, strides=[ldb, *b_strides])
+        C = T.match_buffer(c, c_shape, acc, offset_factor=1, strides=[ldc, 1], scope="local")
+        with T.sblock("root"):
+            T.reads(C[c_region], A[a_region], B[b_region])
+            T.writes(C[c_region])
+            body(A, B, C)
+
+    return func
+
+
+def reference_update(mr: int, nr: int, kc: int, acc: str, b_at: Callable, cast: bool = True):
+    """The description's body: ``C[i, j] += acc(A[i, k]) * acc(b_at(B, j, k))``, the
+    operands cast to the accumulator's ``acc`` when ``cast`` (the template's block has no cast
+    when they are ``acc`` already).
+
+    With ``mr == 1`` blockize keeps the unit row loop but drops its block var: so does this.
+    """
+
+    def _as(dtype: str, value):
+        return T.Cast(dtype, value) if cast else value
+    @T.macro
+    def body(A, B, C):
+        for i, j, kk in T.grid(mr, nr, kc):
+            with T.sblock("update"):
+                vi, vj, vk = T.axis.remap("SSR", [i, j, kk])
+                C[vi, vj] = C[vi, vj] + _as(acc, A[vi, vk]) * _as(acc, b_at(B, vj, vk))
+
+    @T.macro
+    def one_row(A, B, C):
+        for _i, j, kk in T.grid(1, nr, kc):
+            with T.sblock("update"):
+                vj, vk = T.axis.remap("SR", [j, kk])
+                C[0, vj] = C[0, vj] + _as(acc, A[0, vk]) * _as(acc, b_at(B, vj, vk))
+
+    return one_row if mr == 1 else body
 
 
 def plain_tile_functions(kernel: Microkernel, kc: int):
@@ -20,134 +80,44 @@ def plain_tile_functions(kernel: Microkernel, kc: int):
     mr, nr, lanes, dtype = kernel.mr, kernel.nr, kernel.lanes, kernel.in_dtype
     vectors = nr // lanes
 
-    @T.prim_func(s_tir=True)
-    def desc(a: T.handle, b: T.handle, c: T.handle):
-        lda = T.int32()
-        ldb = T.int32()
-        ldc = T.int32()
-        A = T.match_buffer(a, (mr, kc), dtype, offset_factor=1, strides=[lda, 1])
-        B = T.match_buffer(b, (kc, nr), dtype, offset_factor=1, strides=[ldb, 1])
-        C = T.match_buffer(c, (mr, nr), dtype, offset_factor=1, strides=[ldc, 1], scope="local")
-        with T.sblock("root"):
-            T.reads(C[0:mr, 0:nr], A[0:mr, 0:kc], B[0:kc, 0:nr])
-            T.writes(C[0:mr, 0:nr])
-            for i, j, kk in T.grid(mr, nr, kc):
-                with T.sblock("update"):
-                    vi, vj, vk = T.axis.remap("SSR", [i, j, kk])
-                    C[vi, vj] = C[vi, vj] + A[vi, vk] * B[vk, vj]
+    @T.macro
+    def broadcast_fma(A, B, C):
+        for kk in T.serial(kc):
+            for i in T.unroll(mr):
+                for v in T.unroll(vectors):
+                    C[i, T.ramp(v * lanes, 1, lanes)] = C[
+                        i, T.ramp(v * lanes, 1, lanes)
+                    ] + T.broadcast(A[i, kk], lanes) * B[kk, T.ramp(v * lanes, 1, lanes)]
 
-    @T.prim_func(s_tir=True)
-    def impl(a: T.handle, b: T.handle, c: T.handle):
-        lda = T.int32()
-        ldb = T.int32()
-        ldc = T.int32()
-        A = T.match_buffer(a, (mr, kc), dtype, offset_factor=1, strides=[lda, 1])
-        B = T.match_buffer(b, (kc, nr), dtype, offset_factor=1, strides=[ldb, 1])
-        C = T.match_buffer(c, (mr, nr), dtype, offset_factor=1, strides=[ldc, 1], scope="local")
-        with T.sblock("root"):
-            T.reads(C[0:mr, 0:nr], A[0:mr, 0:kc], B[0:kc, 0:nr])
-            T.writes(C[0:mr, 0:nr])
-            for kk in T.serial(kc):
-                for i in T.unroll(mr):
-                    for v in T.unroll(vectors):
-                        C[i, T.ramp(v * lanes, 1, lanes)] = C[
-                            i, T.ramp(v * lanes, 1, lanes)
-                        ] + T.broadcast(A[i, kk], lanes) * B[kk, T.ramp(v * lanes, 1, lanes)]
-
-    @T.prim_func(s_tir=True)
-    def desc_one_row(a: T.handle, b: T.handle, c: T.handle):
-        # With mr == 1 blockize keeps the unit row loop but drops its block var: match that.
-        lda = T.int32()
-        ldb = T.int32()
-        ldc = T.int32()
-        A = T.match_buffer(a, (mr, kc), dtype, offset_factor=1, strides=[lda, 1])
-        B = T.match_buffer(b, (kc, nr), dtype, offset_factor=1, strides=[ldb, 1])
-        C = T.match_buffer(c, (mr, nr), dtype, offset_factor=1, strides=[ldc, 1], scope="local")
-        with T.sblock("root"):
-            T.reads(C[0:mr, 0:nr], A[0:mr, 0:kc], B[0:kc, 0:nr])
-            T.writes(C[0:mr, 0:nr])
-            for _i, j, kk in T.grid(1, nr, kc):
-                with T.sblock("update"):
-                    vj, vk = T.axis.remap("SR", [j, kk])
-                    C[0, vj] = C[0, vj] + A[0, vk] * B[vk, vj]
-
-    return (desc_one_row if mr == 1 else desc), impl
+    buffers = ((mr, kc), (kc, nr), (1,), (dtype, dtype, dtype), (mr, nr))
+    desc = reference_update(mr, nr, kc, dtype, lambda B, j, k: B[k, j], cast=False)
+    return tile_function(*buffers, desc), tile_function(*buffers, broadcast_fma)
 
 
-def grouped_desc(mr: int, nr: int, kc: int, a_dtype: str, b_dtype: str, acc: str, group: int):
-    """The description of a tile whose ``B`` is packed with ``group`` consecutive ``k``::
+def grouped_tile_functions(kernel: Microkernel, kc: int, b_dtype: str, update,
+                           annotations=None):
+    """The (description, implementation) pair of a tile whose ``B`` is packed with ``group =
+    kernel.k_step`` consecutive ``k``::
 
         C[mr, nr] (acc) += acc(A[mr, kc]) * acc(B[kc / group, nr, group])
 
-    shared by the VNNI (group 4), s16 (2) and bf16 (2) microkernels.
+    The implementation runs, per group of ``k``, row and vector of ``lanes`` accumulators,
+    ``C = update(C, A, B, i, g, v)``, where ``update`` returns the vector expression of one
+    ISA's instructions (VNNI: group 4; s16 and bf16: 2).
     """
-    rows = kc // group
+    mr, nr, group, lanes = kernel.mr, kernel.nr, kernel.k_step, kernel.lanes
+    rows, vectors = kc // group, nr // lanes
 
-    @T.prim_func(s_tir=True)
-    def desc(a: T.handle, b: T.handle, c: T.handle):
-        lda = T.int32()
-        ldb = T.int32()
-        ldc = T.int32()
-        A = T.match_buffer(a, (mr, kc), a_dtype, offset_factor=1, strides=[lda, 1])
-        B = T.match_buffer(b, (rows, nr, group), b_dtype, offset_factor=1,
-                           strides=[ldb, group, 1])
-        C = T.match_buffer(c, (mr, nr), acc, offset_factor=1, strides=[ldc, 1], scope="local")
-        with T.sblock("root"):
-            T.reads(C[0:mr, 0:nr], A[0:mr, 0:kc], B[0:rows, 0:nr, 0:group])
-            T.writes(C[0:mr, 0:nr])
-            for i, j, kk in T.grid(mr, nr, kc):
-                with T.sblock("update"):
-                    vi, vj, vk = T.axis.remap("SSR", [i, j, kk])
-                    C[vi, vj] = C[vi, vj] + T.Cast(acc, A[vi, vk]) * T.Cast(
-                        acc, B[vk // group, vj, vk % group])
+    @T.macro
+    def vector_updates(A, B, C):
+        for g in T.serial(rows, annotations=annotations):
+            for i in T.unroll(mr):
+                for v in T.unroll(vectors):
+                    C[i, T.ramp(v * lanes, 1, lanes)] = update(
+                        C[i, T.ramp(v * lanes, 1, lanes)], A, B, i, g, v)
 
-    @T.prim_func(s_tir=True)
-    def desc_one_row(a: T.handle, b: T.handle, c: T.handle):
-        # With mr == 1 blockize keeps the unit row loop but drops its block var: match that.
-        lda = T.int32()
-        ldb = T.int32()
-        ldc = T.int32()
-        A = T.match_buffer(a, (mr, kc), a_dtype, offset_factor=1, strides=[lda, 1])
-        B = T.match_buffer(b, (rows, nr, group), b_dtype, offset_factor=1,
-                           strides=[ldb, group, 1])
-        C = T.match_buffer(c, (mr, nr), acc, offset_factor=1, strides=[ldc, 1], scope="local")
-        with T.sblock("root"):
-            T.reads(C[0:mr, 0:nr], A[0:mr, 0:kc], B[0:rows, 0:nr, 0:group])
-            T.writes(C[0:mr, 0:nr])
-            for _i, j, kk in T.grid(1, nr, kc):
-                with T.sblock("update"):
-                    vj, vk = T.axis.remap("SR", [j, kk])
-                    C[0, vj] = C[0, vj] + T.Cast(acc, A[0, vk]) * T.Cast(
-                        acc, B[vk // group, vj, vk % group])
-
-    return desc_one_row if mr == 1 else desc
-
-
-def grouped_impl(mr: int, nr: int, kc: int, a_dtype: str, b_dtype: str, acc: str,
-                  group: int, lanes: int, update, annotations=None):
-    """The implementation of a tile whose ``B`` is packed with ``group`` consecutive ``k``
-    (matching :func:`grouped_desc`): per group of ``k``, row and vector of ``lanes``
-    accumulators, ``C = update(C, A, B, i, g, v)``, where ``update`` returns the vector
-    expression of one ISA's instructions."""
-    rows = kc // group
-    vectors = nr // lanes
-
-    @T.prim_func(s_tir=True)
-    def impl(a: T.handle, b: T.handle, c: T.handle):
-        lda = T.int32()
-        ldb = T.int32()
-        ldc = T.int32()
-        A = T.match_buffer(a, (mr, kc), a_dtype, offset_factor=1, strides=[lda, 1])
-        B = T.match_buffer(b, (rows, nr, group), b_dtype, offset_factor=1,
-                           strides=[ldb, group, 1])
-        C = T.match_buffer(c, (mr, nr), acc, offset_factor=1, strides=[ldc, 1], scope="local")
-        with T.sblock("root"):
-            T.reads(C[0:mr, 0:nr], A[0:mr, 0:kc], B[0:rows, 0:nr, 0:group])
-            T.writes(C[0:mr, 0:nr])
-            for g in T.serial(rows, annotations=annotations):
-                for i in T.unroll(mr):
-                    for v in T.unroll(vectors):
-                        C[i, T.ramp(v * lanes, 1, lanes)] = update(
-                            C[i, T.ramp(v * lanes, 1, lanes)], A, B, i, g, v)
-
-    return impl
+    buffers = ((mr, kc), (rows, nr, group), (group, 1),
+               (kernel.in_dtype, b_dtype, kernel.acc_dtype), (mr, nr))
+    desc = reference_update(mr, nr, kc, kernel.acc_dtype,
+                            lambda B, j, k: B[k // group, j, k % group])
+    return tile_function(*buffers, desc), tile_function(*buffers, vector_updates)

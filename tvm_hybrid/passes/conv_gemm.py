@@ -53,7 +53,8 @@ from .conv_computes import (
 )
 from .conv_layout import Conv1dAs2d, LayoutFriendly, fp32_operands
 from .relax_rewrite import (
-    is_op,
+    TargetMutator,
+    rewrite_by_op,
     rewrite_functions,
 )
 
@@ -111,22 +112,13 @@ def _pair(values) -> tuple[int, int]:
     return (values[0], values[0]) if len(values) == 1 else (values[0], values[1])
 
 
-
-
 @relax.expr_functor.mutator
-class _Rewriter(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, target: Target):
-        super().__init__(mod)
-        self.target = target
+class _Rewriter(TargetMutator):
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = self.visit_expr_post_order(call)
-        rewritten = None
-        if is_op(call, "relax.nn.conv2d"):
-            rewritten = self._rewrite(call)
-        elif is_op(call, "relax.nn.conv2d_transpose"):
-            rewritten = self._rewrite_transposed(call)
-        return call if rewritten is None else rewritten
+        return rewrite_by_op(call, {"relax.nn.conv2d": self._rewrite,
+                                    "relax.nn.conv2d_transpose": self._rewrite_transposed})
 
     def _rewrite_depthwise(self, call: relax.Call) -> relax.Expr | None:
         """NHWC depthwise ``conv2d`` (one filter per channel) as :func:`depthwise_conv`."""

@@ -33,14 +33,15 @@ import tvm
 from tvm import relax
 from tvm.target import Target
 
-from ..microkernels import integer_gemm_dtype, microkernels_for
+from ..microkernels import has_integer_kernels, integer_gemm_dtype
 from .packed_gemm import emit_packed_gemm, gemm_layout
 from .relax_rewrite import (
+    TargetMutator,
+    TargetPass,
     bound_value,
     constant_value,
     is_op,
     is_static_tensor,
-    rewrite_functions,
 )
 
 
@@ -106,24 +107,8 @@ def _emit_s16_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
                                          acc_dtype="int32", out_dtype="int32"))
 
 
-@tvm.transform.module_pass(opt_level=0, name="IntegerGemmToVNNI")
-class IntegerGemmToVNNI:
-    """Rewrite int32 matmuls of 8-bit data with constant 8-bit weights to the VNNI GEMM."""
-
-    def __init__(self, target: Target):
-        self.target = target
-
-    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        if not (microkernels_for(self.target, "uint8") or microkernels_for(self.target, "int16")):
-            return mod
-        return rewrite_functions(mod, _Rewriter(mod, self.target), eliminate_dead_code=True)
-
-
 @relax.expr_functor.mutator
-class _Rewriter(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, target: Target):
-        super().__init__(mod)
-        self.target = target
+class _Rewriter(TargetMutator):
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = self.visit_expr_post_order(call)
@@ -161,6 +146,14 @@ class _Rewriter(relax.PyExprMutator):
         if int(x.ty.shape.values[-1]) != w32.shape[0]:
             return None
         return x, zero_point, w32
+
+
+@tvm.transform.module_pass(opt_level=0, name="IntegerGemmToVNNI")
+class IntegerGemmToVNNI(TargetPass):
+    """Rewrite int32 matmuls of 8-bit data with constant 8-bit weights to the integer GEMM."""
+
+    mutator = _Rewriter
+    needs = staticmethod(has_integer_kernels)
 
 
 def _is_runtime_scalar(expr: relax.Expr) -> bool:

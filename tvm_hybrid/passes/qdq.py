@@ -34,15 +34,10 @@ import tvm
 from tvm import relax, te
 from tvm.target import Target
 
-from ..microkernels import microkernels_for
+from ..microkernels import has_integer_kernels
+from . import relax_rewrite
 from .integer_gemm import emit_int8_gemm
-from .relax_rewrite import (
-    bound_value,
-    constant_value,
-    is_op,
-    is_static_tensor,
-    rewrite_functions,
-)
+from .relax_rewrite import TargetMutator, TargetPass, bound_value, constant_value, is_op
 
 REQUANTIZE = "hybrid_requantize"
 
@@ -110,35 +105,17 @@ def requantize(acc: te.Tensor, bias_fixed: te.Tensor, mult: te.Tensor, shift: te
     return te.compute(acc.shape, compute, name="requantize")
 
 
-@tvm.transform.module_pass(opt_level=0, name="FoldQDQ")
-class FoldQDQ:
-    """Rewrite QDQ GEMMs (and their requantization) to the int8 VNNI GEMM."""
-
-    def __init__(self, target: Target):
-        self.target = target
-
-    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        if not (microkernels_for(self.target, "uint8") or microkernels_for(self.target, "int16")):
-            return mod
-        return rewrite_functions(mod, _Rewriter(mod, self.target), eliminate_dead_code=True)
-
-
 @relax.expr_functor.mutator
-class _Rewriter(relax.PyExprMutator):
+class _Rewriter(TargetMutator):
     def __init__(self, mod: tvm.IRModule, target: Target):
-        super().__init__(mod)
-        self.target = target
+        super().__init__(mod, target)
         # Output var of a dequantized int8 GEMM -> (acc var, sx * sw per channel).
         self.gemms: dict = {}
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = self.visit_expr_post_order(call)
-        rewritten = None
-        if is_op(call, "relax.matmul"):
-            rewritten = self._gemm(call)
-        elif is_op(call, "relax.quantize"):
-            rewritten = self._requantize(call)
-        return call if rewritten is None else rewritten
+        return relax_rewrite.rewrite_by_op(call, {"relax.matmul": self._gemm,
+                                                  "relax.quantize": self._requantize})
 
     # -- step 1 ----------------------------------------------------------------------------------
     def _gemm(self, call: relax.Call):
@@ -152,7 +129,7 @@ class _Rewriter(relax.PyExprMutator):
         if not (is_op(lhs, "relax.dequantize") and is_op(rhs, "relax.dequantize")):
             return None
         xq = lhs.args[0]
-        if not is_static_tensor(xq.ty, ("uint8", "int8")):
+        if not relax_rewrite.is_static_tensor(xq.ty, ("uint8", "int8")):
             return None
         sx, zx = constant_value(self, lhs.args[1]), constant_value(self, lhs.args[2])
         wq, sw, zw = (constant_value(self, a) for a in rhs.args)
@@ -229,3 +206,11 @@ class _Rewriter(relax.PyExprMutator):
                 return None
             expr = value
         return None
+
+
+@tvm.transform.module_pass(opt_level=0, name="FoldQDQ")
+class FoldQDQ(TargetPass):
+    """Rewrite QDQ GEMMs (and their requantization) to the integer GEMM."""
+
+    mutator = _Rewriter
+    needs = staticmethod(has_integer_kernels)

@@ -26,6 +26,14 @@ def rewrite_functions(mod: tvm.IRModule, mutator: relax.PyExprMutator, *,
     return relax.transform.DeadCodeElimination()(out) if eliminate_dead_code else out
 
 
+def rewrite_by_op(call: relax.Call, rewrites: dict) -> relax.Expr:
+    """``call`` rewritten by the function ``rewrites`` holds for its op, or ``call`` itself
+    when there is none or it returns None (the call is not one it takes)."""
+    rewrite = rewrites.get(call.op.name) if isinstance(call.op, tvm.ir.Op) else None
+    rewritten = rewrite(call) if rewrite is not None else None
+    return call if rewritten is None else rewritten
+
+
 def bound_value(mutator: relax.PyExprMutator, expr: relax.Expr) -> relax.Expr:
     """The expression ``expr`` stands for, following variable bindings."""
     while isinstance(expr, relax.Var):
@@ -72,3 +80,32 @@ def constant_value(mutator: relax.PyExprMutator, expr: relax.Expr) -> np.ndarray
             result = exact.astype(str(expr.ty.dtype))
             return result if np.array_equal(result, exact) else None
     return None
+
+
+class TargetMutator(relax.PyExprMutator):
+    """A rewrite for one target: the mutators of the passes that depend on the CPU's kernels
+    derive from it (and are decorated with ``relax.expr_functor.mutator`` themselves)."""
+
+    def __init__(self, mod: tvm.IRModule, target: tvm.target.Target):
+        super().__init__(mod)
+        self.target = target
+
+
+class TargetPass:
+    """Base of the module passes that run one :class:`TargetMutator` over every Relax function
+    when the target has the kernels the rewrite targets.
+
+    A subclass (decorated with ``tvm.transform.module_pass``) sets ``mutator`` (the mutator
+    class) and ``needs`` (``target -> bool``).
+    """
+
+    mutator: type
+    needs = staticmethod(lambda target: True)
+
+    def __init__(self, target: tvm.target.Target):
+        self.target = target
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        if not self.needs(self.target):
+            return mod
+        return rewrite_functions(mod, self.mutator(mod, self.target), eliminate_dead_code=True)

@@ -20,13 +20,9 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 
 from ..compile_lock import COMPILER_LOCK
-from ..errors import TVMHybridError
+from ..errors import RPCError
 
 logger = logging.getLogger(__name__)
-
-
-class RPCError(TVMHybridError):
-    """The RPC tracker cannot be reached, or it has no server under the requested key."""
 
 
 @dataclasses.dataclass(frozen=True)

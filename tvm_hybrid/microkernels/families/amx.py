@@ -16,6 +16,7 @@ from tvm.script import tirx as T
 
 from ..kernel import Family, Microkernel
 from ..registry import register_family
+from ..tiles import reference_update, tile_function
 
 #: ``K`` per AMX tile step: 64 bytes per tile row.
 K_PER_TILE = {"uint8": 64, "bfloat16": 32}
@@ -24,7 +25,6 @@ K_PER_TILE = {"uint8": 64, "bfloat16": 32}
 def amx_block_functions(kernel: Microkernel, mb: int, nb: int, kc: int):
     """``C[mb, nb] += A[mb, kc] * B[nb / 16, kc / g, 16, g]`` on AMX tiles (module docstring)."""
     in_dtype = kernel.in_dtype
-    """``C[mb, nb] += A[mb, kc] * B[nb / 16, kc / g, 16, g]`` on AMX tiles (see the intrinsic)."""
     int8 = in_dtype == "uint8"
     group = 4 if int8 else 2
     b_dtype, acc = ("int8", "int32") if int8 else ("bfloat16", "float32")
@@ -36,75 +36,50 @@ def amx_block_functions(kernel: Microkernel, mb: int, nb: int, kc: int):
     panels, rows, esize = nb // 16, kc // group, 1 if int8 else 2
     m_tiles, n_tiles, k_tiles = mb // 32, nb // 32, kc // step
 
-    @T.prim_func(s_tir=True)
-    def desc(a: T.handle, b: T.handle, c: T.handle):
-        lda = T.int32()
-        ldb = T.int32()
-        ldc = T.int32()
-        A = T.match_buffer(a, (mb, kc), in_dtype, offset_factor=1, strides=[lda, 1])
-        B = T.match_buffer(b, (panels, rows, 16, group), b_dtype, offset_factor=1,
-                           strides=[ldb, 16 * group, group, 1])
-        C = T.match_buffer(c, (mb, nb), acc, offset_factor=1, strides=[ldc, 1], scope="local")
-        with T.sblock("root"):
-            T.reads(C[0:mb, 0:nb], A[0:mb, 0:kc], B[0:panels, 0:rows, 0:16, 0:group])
-            T.writes(C[0:mb, 0:nb])
-            for i, j, kk in T.grid(mb, nb, kc):
-                with T.sblock("update"):
-                    vi, vj, vk = T.axis.remap("SSR", [i, j, kk])
-                    C[vi, vj] = C[vi, vj] + T.Cast(acc, A[vi, vk]) * T.Cast(
-                        acc, B[vj // 16, vk // group, vj % 16, vk % group])
-
-    @T.prim_func(s_tir=True)
-    def impl(a: T.handle, b: T.handle, c: T.handle):
-        lda = T.int32()
-        ldb = T.int32()
-        ldc = T.int32()
-        A = T.match_buffer(a, (mb, kc), in_dtype, offset_factor=1, strides=[lda, 1])
-        B = T.match_buffer(b, (panels, rows, 16, group), b_dtype, offset_factor=1,
-                           strides=[ldb, 16 * group, group, 1])
-        C = T.match_buffer(c, (mb, nb), acc, offset_factor=1, strides=[ldc, 1], scope="local")
-        with T.sblock("root"):
-            T.reads(C[0:mb, 0:nb], A[0:mb, 0:kc], B[0:panels, 0:rows, 0:16, 0:group])
-            T.writes(C[0:mb, 0:nb])
-            # Tile configuration, once for the whole block: palette 1, 8 tiles of 16 rows x 64
-            # bytes (bytes 16 + 2t: columns in bytes of tile t; byte 48 + t: its rows).
-            cfg = T.alloc_buffer((64,), "uint8", scope="local")
-            for z in range(64):
-                cfg[z] = T.uint8(0)
-            cfg[0] = T.uint8(1)
-            for t in range(8):
-                cfg[16 + 2 * t] = T.uint8(64)
-                cfg[48 + t] = T.uint8(16)
-            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.ldtilecfg", T.address_of(cfg[0])))
-            for mt, nt in T.grid(m_tiles, n_tiles):
-                for ct in T.unroll(4):  # C tiles 0-3: (row half, column half)
+    @T.macro
+    def tiles(A, B, C):
+        # Tile configuration, once for the whole block: palette 1, 8 tiles of 16 rows x 64
+        # bytes (bytes 16 + 2t: columns in bytes of tile t; byte 48 + t: its rows).
+        cfg = T.alloc_buffer((64,), "uint8", scope="local")
+        for z in range(64):
+            cfg[z] = T.uint8(0)
+        cfg[0] = T.uint8(1)
+        for t in range(8):
+            cfg[16 + 2 * t] = T.uint8(64)
+            cfg[48 + t] = T.uint8(16)
+        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.ldtilecfg", T.address_of(cfg[0])))
+        for mt, nt in T.grid(m_tiles, n_tiles):
+            for ct in T.unroll(4):  # C tiles 0-3: (row half, column half)
+                T.evaluate(T.call_llvm_intrin(
+                    "void", "llvm.x86.tileloadd64", T.Cast("int8", ct),
+                    T.address_of(C[mt * 32 + ct // 2 * 16, nt * 32 + ct % 2 * 16]),
+                    T.Cast("int64", C.strides[0] * 4)))
+            for kt in range(k_tiles):
+                for at in T.unroll(2):  # A tiles 4, 5: the two 16-row halves
                     T.evaluate(T.call_llvm_intrin(
-                        "void", "llvm.x86.tileloadd64", T.Cast("int8", ct),
-                        T.address_of(C[mt * 32 + ct // 2 * 16, nt * 32 + ct % 2 * 16]),
-                        T.Cast("int64", ldc * 4)))
-                for kt in range(k_tiles):
-                    for at in T.unroll(2):  # A tiles 4, 5: the two 16-row halves
-                        T.evaluate(T.call_llvm_intrin(
-                            "void", "llvm.x86.tileloadd64", T.Cast("int8", 4 + at),
-                            T.address_of(A[mt * 32 + at * 16, kt * step]),
-                            T.Cast("int64", lda * esize)))
-                    for bt in T.unroll(2):  # B tiles 6, 7: the two 16-column panels
-                        T.evaluate(T.call_llvm_intrin(
-                            "void", "llvm.x86.tileloadd64", T.Cast("int8", 6 + bt),
-                            T.address_of(B[nt * 2 + bt, kt * 16, 0, 0]), T.int64(64)))
-                    for ct in T.unroll(4):
-                        T.evaluate(T.call_llvm_intrin(
-                            "void", dot, T.Cast("int8", ct), T.Cast("int8", 4 + ct // 2),
-                            T.Cast("int8", 6 + ct % 2)))
+                        "void", "llvm.x86.tileloadd64", T.Cast("int8", 4 + at),
+                        T.address_of(A[mt * 32 + at * 16, kt * step]),
+                        T.Cast("int64", A.strides[0] * esize)))
+                for bt in T.unroll(2):  # B tiles 6, 7: the two 16-column panels
+                    T.evaluate(T.call_llvm_intrin(
+                        "void", "llvm.x86.tileloadd64", T.Cast("int8", 6 + bt),
+                        T.address_of(B[nt * 2 + bt, kt * 16, 0, 0]), T.int64(64)))
                 for ct in T.unroll(4):
                     T.evaluate(T.call_llvm_intrin(
-                        "void", "llvm.x86.tilestored64", T.Cast("int8", ct),
-                        T.address_of(C[mt * 32 + ct // 2 * 16, nt * 32 + ct % 2 * 16]),
-                        T.Cast("int64", ldc * 4)))
-            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilerelease"))
+                        "void", dot, T.Cast("int8", ct), T.Cast("int8", 4 + ct // 2),
+                        T.Cast("int8", 6 + ct % 2)))
+            for ct in T.unroll(4):
+                T.evaluate(T.call_llvm_intrin(
+                    "void", "llvm.x86.tilestored64", T.Cast("int8", ct),
+                    T.address_of(C[mt * 32 + ct // 2 * 16, nt * 32 + ct % 2 * 16]),
+                    T.Cast("int64", C.strides[0] * 4)))
+        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilerelease"))
 
-    return desc, impl
-
+    buffers = ((mb, kc), (panels, rows, 16, group), (16 * group, group, 1),
+               (in_dtype, b_dtype, acc), (mb, nb))
+    desc = reference_update(mb, nb, kc, acc,
+                            lambda B, j, k: B[j // 16, k // group, j % 16, k % group])
+    return tile_function(*buffers, desc), tile_function(*buffers, tiles)
 
 
 AMX_INT8 = Microkernel("amx", ("amx-tile", "amx-int8"), "uint8", "int32", 32, 32, 512, 8, 4, 16,

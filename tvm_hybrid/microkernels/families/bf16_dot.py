@@ -11,7 +11,7 @@ from tvm.script import tirx as T
 
 from ..kernel import Family, Microkernel, vector_tiles
 from ..registry import register_family
-from ..tiles import grouped_desc, grouped_impl
+from ..tiles import grouped_tile_functions
 
 #: ``vdpbf16ps`` takes ``<32 x bfloat>`` operands, a type TIR cannot express: this LLVM IR,
 #: linked into the module through the ``pragma_import_llvm`` loop annotation, takes them as
@@ -33,7 +33,7 @@ declare <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float>, <32 x bfloa
 
 def bf16_tile_functions(kernel: Microkernel, kc: int):
     """``C[mr, nr] (f32) += A[mr, kc] (bf16) * B[kc / 2, nr, 2] (bf16)`` with ``vdpbf16ps``."""
-    mr, nr, lanes = kernel.mr, kernel.nr, kernel.lanes
+    lanes = kernel.lanes
     if kc % 2:
         raise ValueError(f"the bf16 microkernel needs an even K, got K = {kc}")
 
@@ -44,9 +44,8 @@ def bf16_tile_functions(kernel: Microkernel, kc: int):
             T.reinterpret(B.vload([g, v * lanes, 0], f"bfloat16x{2 * lanes}"),
                           dtype=f"int32x{lanes}"))
 
-    return (grouped_desc(mr, nr, kc, "bfloat16", "bfloat16", "float32", 2),
-            grouped_impl(mr, nr, kc, "bfloat16", "bfloat16", "float32", 2, lanes, update,
-                          {"pragma_import_llvm": DPBF16PS_IR}))
+    return grouped_tile_functions(kernel, kc, "bfloat16", update,
+                                  {"pragma_import_llvm": DPBF16PS_IR})
 
 
 AVX512_BF16 = register_family(Family(

@@ -13,7 +13,7 @@ from tvm.script import tirx as T
 
 from ..kernel import Family, Microkernel, vector_tiles
 from ..registry import register_family
-from ..tiles import grouped_desc, grouped_impl
+from ..tiles import grouped_tile_functions
 
 
 def bf16_widening_tile_functions(kernel: Microkernel, kc: int):
@@ -22,7 +22,7 @@ def bf16_widening_tile_functions(kernel: Microkernel, kc: int):
     Each 32-bit lane of ``B`` (and the broadcast pair of ``A``) holds the bf16 of an even and an
     odd ``k``; shifting left by 16 gives the even one as fp32, masking the low half the odd one.
     """
-    mr, nr, lanes = kernel.mr, kernel.nr, kernel.lanes
+    lanes = kernel.lanes
     if kc % 2:
         raise ValueError(f"the bf16 microkernel needs an even K, got K = {kc}")
     f32 = f"float32x{lanes}"
@@ -39,8 +39,7 @@ def bf16_widening_tile_functions(kernel: Microkernel, kc: int):
                           dtype=f"int32x{lanes}")
         return acc + even(a) * even(b) + odd(a) * odd(b)
 
-    return (grouped_desc(mr, nr, kc, "bfloat16", "bfloat16", "float32", 2),
-            grouped_impl(mr, nr, kc, "bfloat16", "bfloat16", "float32", 2, lanes, update))
+    return grouped_tile_functions(kernel, kc, "bfloat16", update)
 
 
 

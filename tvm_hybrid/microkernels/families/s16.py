@@ -16,7 +16,7 @@ from tvm.script import tirx as T
 
 from ..kernel import Family, Microkernel, vector_tiles
 from ..registry import register_family
-from ..tiles import grouped_desc, grouped_impl
+from ..tiles import grouped_tile_functions
 
 
 def s16_tile_functions(kernel: Microkernel, kc: int):
@@ -26,7 +26,7 @@ def s16_tile_functions(kernel: Microkernel, kc: int):
     columns, ``vpmaddwd`` multiplies them with the columns' pairs of ``B`` and adds each pair's
     two products into one s32 lane, exactly.
     """
-    mr, nr = kernel.mr, kernel.nr
+    nr = kernel.nr
     if kc % 2 or nr % 8:
         raise ValueError(f"the s16 tile needs an even K and nr % 8 == 0; got {kc}, {nr}")
 
@@ -36,8 +36,7 @@ def s16_tile_functions(kernel: Microkernel, kc: int):
         return acc + T.call_llvm_pure_intrin("int32x8", "llvm.x86.avx2.pmadd.wd", a,
                                              B.vload([g, v * 8, 0], "int16x16"))
 
-    return (grouped_desc(mr, nr, kc, "int16", "int16", "int32", 2),
-            grouped_impl(mr, nr, kc, "int16", "int16", "int32", 2, 8, update))
+    return grouped_tile_functions(kernel, kc, "int16", update)
 
 
 AVX2_S16 = register_family(Family(

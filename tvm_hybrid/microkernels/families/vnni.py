@@ -12,12 +12,12 @@ from tvm.script import tirx as T
 
 from ..kernel import Family, Microkernel, vector_tiles
 from ..registry import register_family
-from ..tiles import grouped_desc, grouped_impl
+from ..tiles import grouped_tile_functions
 
 
 def vnni_tile_functions(kernel: Microkernel, kc: int):
     """``C[mr, nr] (s32) += A[mr, kc] (u8) * B[kc / 4, nr, 4] (s8)`` with ``vpdpbusd``."""
-    mr, nr, lanes = kernel.mr, kernel.nr, kernel.lanes
+    lanes = kernel.lanes
     if kc % 4:
         raise ValueError(f"the VNNI microkernel needs K % 4 == 0, got K = {kc}")
     byte_lanes = lanes * 4
@@ -31,8 +31,7 @@ def vnni_tile_functions(kernel: Microkernel, kc: int):
                                        B.vload([g, v * lanes, 0], f"int8x{byte_lanes}"),
                                        dtype=f"int32x{lanes}")
 
-    return (grouped_desc(mr, nr, kc, "uint8", "int8", "int32", 4),
-            grouped_impl(mr, nr, kc, "uint8", "int8", "int32", 4, lanes, update))
+    return grouped_tile_functions(kernel, kc, "int8", update)
 
 
 AVX512_VNNI = register_family(Family(

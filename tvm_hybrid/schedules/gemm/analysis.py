@@ -147,13 +147,4 @@ def _packed_width(indices, j, k) -> int | None:
     """``nr`` if ``indices`` are ``[j // nr, k, j % nr]``, else None."""
     if len(indices) != 3 or not indices[1].same_as(k):
         return None
-    outer, inner = indices[0], indices[2]
-    if not (isinstance(outer, prim.FloorDiv) and isinstance(inner, prim.FloorMod)):
-        return None
-    if not (outer.a.same_as(j) and inner.a.same_as(j)):
-        return None
-    if not (isinstance(outer.b, prim.IntImm) and isinstance(inner.b, prim.IntImm)):
-        return None
-    if outer.b.value != inner.b.value:
-        return None
-    return int(outer.b.value)
+    return _div_mod_pair(indices[0], indices[2], j)
