@@ -218,7 +218,9 @@ _ORDER = ("bias", "scale", "activation", "residual", "post")
 
 def gemm_patterns() -> list[FusionPattern]:
     """Every anchor + epilogue chain, longest first, as ``FuseOpsByPattern`` patterns."""
-    choices = [[None, *[s for s in STAGES.values() if s.kind == kind]] for kind in _ORDER]
+    # Among chains of one length the earlier kinds' stages first: ``y + b`` with a constant
+    # ``b`` is named a bias, not a residual (either would fuse the same ops).
+    choices = [[*[s for s in STAGES.values() if s.kind == kind], None] for kind in _ORDER]
     chains = [tuple(s for s in combo if s is not None) for combo in itertools.product(*choices)
               if combo[-1] is None or combo[-2] is not None]  # "post" only after a residual
     chains.sort(key=len, reverse=True)

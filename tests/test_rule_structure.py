@@ -1,0 +1,180 @@
+# ruff: noqa: E501, F841 - TVMScript as TVM prints it (long lines, block variables it binds)
+"""Structural before/after tests of the schedule rules: ``rule(Before)`` is exactly ``Expected``.
+
+Each rule is applied to a small function for a named CPU (Haswell: ymm, 16 registers), so the
+tests run on any host; ``Expected`` is the loop nest the rule's docstring describes, written out:
+the fallback's parallel, vectorised loops; the GEMM template's parallel blocks, accumulator tile
+zeroed, the 4 x 24 FMA microkernel over the whole ``K`` and the write-back; the direct
+convolution template's pixel blocks with the taps outside the tiles.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm.script import tirx as T
+
+import tvm_hybrid
+from tvm_hybrid.passes.conv_computes import DIRECT_CONV_BLOCK
+from tvm_hybrid.schedules import ConvTemplate, GemmTemplate, ParallelVectorize
+
+HASWELL = tvm_hybrid.make_target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
+
+
+def _same(scheduled, expected) -> None:
+    assert scheduled is not None, "the rule declined"
+    tvm.ir.assert_structural_equal(scheduled.mod["main"].with_attr("global_symbol", "main"),
+                                   expected.with_attr("global_symbol", "main"),
+                                   map_free_vars=True)
+
+
+@T.prim_func(s_tir=True)
+def elementwise(A: T.Buffer((64, 256), "float32"), C: T.Buffer((64, 256), "float32")):
+    T.func_attr({"tirx.noalias": True})
+    for i, j in T.grid(64, 256):
+        with T.sblock("C"):
+            v_i, v_j = T.axis.remap("SS", [i, j])
+            T.reads(A[v_i, v_j])
+            T.writes(C[v_i, v_j])
+            C[v_i, v_j] = T.max(A[v_i, v_j] * T.float32(2.0), T.float32(0.0))
+# from tvm.script import tirx as T
+# from tvm.tirx.layout import Axis
+
+
+@T.prim_func(s_tir=True)
+def elementwise_scheduled(A: T.Buffer((64, 256), "float32"), C: T.Buffer((64, 256), "float32")):
+    T.func_attr({"tirx.noalias": True})
+    for ax0_ax1_0_fused in T.parallel(2048):
+        for ax1_1 in T.vectorized(8):
+            with T.sblock("C"):
+                v0 = T.axis.spatial(64, ax0_ax1_0_fused // 32)
+                v1 = T.axis.spatial(256, ax0_ax1_0_fused % 32 * 8 + ax1_1)
+                T.reads(A[v0, v1])
+                T.writes(C[v0, v1])
+                C[v0, v1] = T.max(A[v0, v1] * T.float32(2.0), T.float32(0.0))
+# from tvm.script import tirx as T
+# from tvm.tirx.layout import Axis
+
+
+@T.prim_func(s_tir=True)
+def gemm(A: T.Buffer((8, 4), "float32"), B: T.Buffer((4, 24), "float32"), C: T.Buffer((8, 24), "float32")):
+    T.func_attr({"tirx.noalias": True})
+    for i, j, k in T.grid(8, 24, 4):
+        with T.sblock("C"):
+            v_i, v_j, v_k = T.axis.remap("SSR", [i, j, k])
+            T.reads(A[v_i, v_k], B[v_k, v_j])
+            T.writes(C[v_i, v_j])
+            with T.init():
+                C[v_i, v_j] = T.float32(0.0)
+            C[v_i, v_j] = C[v_i, v_j] + A[v_i, v_k] * B[v_k, v_j]
+# from tvm.script import tirx as T
+# from tvm.tirx.layout import Axis
+
+
+@T.prim_func(s_tir=True)
+def gemm_scheduled(A: T.Buffer((8, 4), "float32"), B: T.Buffer((4, 24), "float32"), C: T.Buffer((8, 24), "float32")):
+    T.func_attr({"tirx.noalias": True})
+    C_local = T.sblock_alloc_buffer((8, 24), scope="local")
+    for i_0_0_j_0_0_fused in T.parallel(2):
+        for j_0_1 in range(1):
+            for i_0_1 in T.serial(1, annotations={"hybrid.gemm_template": "avx2 4x24 microkernel, order nm, K=4"}):
+                for i_1_init in range(4):
+                    for j_1_init in T.vectorized(24):
+                        with T.sblock("C_init"):
+                            v_i = T.axis.spatial(8, i_0_0_j_0_0_fused * 4 + i_0_1 * 4 + i_1_init)
+                            v_j = T.axis.spatial(24, j_0_1 * 24 + j_1_init)
+                            T.reads()
+                            T.writes(C_local[v_i, v_j])
+                            C_local[v_i, v_j] = T.float32(0.0)
+                with T.sblock("C_update_o"):
+                    v_i_o = T.axis.spatial(2, i_0_0_j_0_0_fused + i_0_1)
+                    v_j_o = T.axis.spatial(1, j_0_1)
+                    v_k_o = T.axis.reduce(1, 0)
+                    T.reads(C_local[v_i_o * 4:v_i_o * 4 + 4, 0:24], A[v_i_o * 4:v_i_o * 4 + 4, 0:4], B[0:4, 0:24])
+                    T.writes(C_local[v_i_o * 4:v_i_o * 4 + 4, 0:24])
+                    A_1 = T.match_buffer(A[v_i_o * 4:v_i_o * 4 + 4, 0:4], (4, 4), strides=("lda", 1), offset_factor=1)
+                    B_1 = T.match_buffer(B[0:4, 0:24], (4, 24), strides=("ldb", 1), offset_factor=1)
+                    C_1 = T.match_buffer(C_local[v_i_o * 4:v_i_o * 4 + 4, 0:24], (4, 24), strides=("ldc", 1), scope="local", offset_factor=1)
+                    for kk in range(4):
+                        for i in T.unroll(4):
+                            for v in T.unroll(3):
+                                C_1[i, v * 8:v * 8 + 8] = C_1[i, T.Ramp(v * 8, 1, 8)] + T.Broadcast(A_1[i, kk], 8) * B_1[kk, T.Ramp(v * 8, 1, 8)]
+                for ax0 in range(4):
+                    for ax1 in T.vectorized(24):
+                        with T.sblock("C_local"):
+                            v0 = T.axis.spatial(8, i_0_0_j_0_0_fused * 4 + ax0)
+                            v1 = T.axis.spatial(24, ax1)
+                            T.reads(C_local[v0, v1])
+                            T.writes(C[v0, v1])
+                            C[v0, v1] = C_local[v0, v1]
+
+
+@T.prim_func(s_tir=True)
+def direct_conv(X: T.Buffer((1, 4, 10, 8), "float32"), W: T.Buffer((1, 3, 3, 8, 24), "float32"), direct_conv: T.Buffer((1, 2, 8, 24), "float32")):
+    T.func_attr({"tirx.noalias": True})
+    for b, y, x, o, ky, kx, rc in T.grid(1, 2, 8, 24, 3, 3, 8):
+        with T.sblock("direct_conv"):
+            v_b, v_y, v_x, v_o, v_ky, v_kx, v_rc = T.axis.remap("SSSSRRR", [b, y, x, o, ky, kx, rc])
+            T.reads(X[v_b, v_y + v_ky, v_x + v_kx, v_rc], W[v_o // 24, v_ky, v_kx, v_rc, v_o % 24])
+            T.writes(direct_conv[v_b, v_y, v_x, v_o])
+            with T.init():
+                direct_conv[v_b, v_y, v_x, v_o] = T.float32(0.0)
+            direct_conv[v_b, v_y, v_x, v_o] = direct_conv[v_b, v_y, v_x, v_o] + X[v_b, v_y + v_ky, v_x + v_kx, v_rc] * W[v_o // 24, v_ky, v_kx, v_rc, v_o % 24]
+# from tvm.script import tirx as T
+# from tvm.tirx.layout import Axis
+
+
+@T.prim_func(s_tir=True)
+def direct_conv_scheduled(X: T.Buffer((1, 4, 10, 8), "float32"), W: T.Buffer((1, 3, 3, 8, 24), "float32"), direct_conv: T.Buffer((1, 2, 8, 24), "float32")):
+    T.func_attr({"tirx.noalias": True})
+    direct_conv_local = T.sblock_alloc_buffer((1, 2, 8, 24), scope="local")
+    for b_y_o_0_fused in T.parallel(2):
+        for x_0 in T.serial(1, annotations={"hybrid.gemm_template": "avx2 4x24 microkernel, direct convolution, 9 taps of K=8"}):
+            for x_1_init, x_2_init in T.grid(2, 4):
+                for o_1_init in T.vectorized(24):
+                    with T.sblock("direct_conv_init"):
+                        v_b = T.axis.spatial(1, 0)
+                        v_y = T.axis.spatial(2, b_y_o_0_fused)
+                        v_x = T.axis.spatial(8, x_0 * 8 + x_1_init * 4 + x_2_init)
+                        v_o = T.axis.spatial(24, o_1_init)
+                        T.reads()
+                        T.writes(direct_conv_local[v_b, v_y, v_x, v_o])
+                        direct_conv_local[v_b, v_y, v_x, v_o] = T.float32(0.0)
+            for ky, kx, x_1 in T.grid(3, 3, 2):
+                with T.sblock("direct_conv_update_o"):
+                    v_b_o = T.axis.spatial(1, 0)
+                    v_y_o = T.axis.spatial(2, b_y_o_0_fused)
+                    v_x_o = T.axis.spatial(2, x_0 * 2 + x_1)
+                    v_o_o = T.axis.spatial(1, 0)
+                    v_ky_o, v_kx_o = T.axis.remap("RR", [ky, kx])
+                    v_rc_o = T.axis.reduce(1, 0)
+                    T.reads(direct_conv_local[v_b_o, v_y_o, v_x_o * 4:v_x_o * 4 + 4, 0:24], X[v_b_o, v_y_o + v_ky_o, v_x_o * 4 + v_kx_o:v_x_o * 4 + v_kx_o + 4, 0:8], W[0, v_ky_o, v_kx_o, 0:8, 0:24])
+                    T.writes(direct_conv_local[v_b_o, v_y_o, v_x_o * 4:v_x_o * 4 + 4, 0:24])
+                    A = T.match_buffer(X[v_b_o, v_y_o + v_ky_o, v_x_o * 4 + v_kx_o:v_x_o * 4 + v_kx_o + 4, 0:8], (4, 8), strides=("lda", 1), offset_factor=1)
+                    B = T.match_buffer(W[0, v_ky_o, v_kx_o, 0:8, 0:24], (8, 24), strides=("ldb", 1), offset_factor=1)
+                    C = T.match_buffer(direct_conv_local[v_b_o, v_y_o, v_x_o * 4:v_x_o * 4 + 4, 0:24], (4, 24), strides=("ldc", 1), scope="local", offset_factor=1)
+                    for kk in range(8):
+                        for i in T.unroll(4):
+                            for v in T.unroll(3):
+                                C[i, v * 8:v * 8 + 8] = C[i, T.Ramp(v * 8, 1, 8)] + T.Broadcast(A[i, kk], 8) * B[kk, T.Ramp(v * 8, 1, 8)]
+            for ax0, ax1, ax2 in T.grid(1, 1, 8):
+                for ax3 in T.vectorized(24):
+                    with T.sblock("direct_conv_local"):
+                        v0 = T.axis.spatial(1, ax0)
+                        v1 = T.axis.spatial(2, b_y_o_0_fused + ax1)
+                        v2, v3 = T.axis.remap("SS", [ax2, ax3])
+                        T.reads(direct_conv_local[v0, v1, v2, v3])
+                        T.writes(direct_conv[v0, v1, v2, v3])
+                        direct_conv[v0, v1, v2, v3] = direct_conv_local[v0, v1, v2, v3]
+
+
+def test_parallel_vectorize_structure():
+    _same(ParallelVectorize().apply(elementwise, HASWELL, False), elementwise_scheduled)
+
+
+def test_gemm_template_structure():
+    _same(GemmTemplate().apply(gemm, HASWELL, False), gemm_scheduled)
+
+
+def test_direct_convolution_template_structure():
+    assert DIRECT_CONV_BLOCK == "direct_conv"  # the block name the template looks for
+    _same(ConvTemplate().apply(direct_conv, HASWELL, False), direct_conv_scheduled)
