@@ -1,7 +1,18 @@
-"""The "hybrid" Relax pipeline: graph passes, fusion, expert/fallback TIR schedules, lowering.
+"""The "hybrid" Relax pipeline, in phase order: normalise, graph passes, fusion, schedule,
+lower.
+
+1. **Normalise** the imported graph: inference forms, QDQ GEMMs to integer GEMMs, constants
+   folded, run-time index checks.
+2. **Graph passes**: convolutions to GEMMs, epilogues cleared of reshapes and scales, integer
+   and constant-weight GEMMs packed for their microkernels, GEMM + epilogue fusion groups.
+3. **Fusion**: legalize to TIR, fuse producer/consumer chains into one kernel each. Phases 1-3
+   are :func:`prepare_passes`; their PrimFuncs are the tuning tasks.
+4. **Schedule**: tuning records, then the expert templates, then the fallback rule.
+5. **Lower** for the VM.
 
 Registered with ``relax.register_pipeline("hybrid")``, so existing TVM code can use it through
-``tvm.compile(mod, target, relax_pipeline="hybrid")``.
+``tvm.compile(mod, target, relax_pipeline="hybrid")``. Each comment below states an ordering
+constraint.
 """
 
 from __future__ import annotations
@@ -31,6 +42,81 @@ from .schedules import default_rules
 PRECISIONS = ("fp32", "bf16")
 
 
+def normalize_passes(target: Target) -> list[tvm.transform.Pass]:
+    """Phase 1: the imported graph in inference form, constants folded, indices checked."""
+    return [
+        relax.transform.DecomposeOpsForInference(),
+        relax.transform.CanonicalizeBindings(),
+        # QDQ GEMMs become integer GEMMs before constant folding turns their weights to fp32.
+        FoldQDQ(target),
+        relax.transform.FoldConstant(),
+        # After folding: the gathers' data extents are static.
+        CheckIndices(),
+    ]
+
+
+def graph_passes(target: Target, precision: str = "fp32",
+                 recorder=None) -> list[tvm.transform.Pass]:
+    """Phase 2: Relax-level rewrites onto the GEMM engine, before legalization."""
+    return [
+        # Integer convolutions whose sums fp32 holds exactly join the fp32 convolutions
+        # before those become GEMMs.
+        IntegerConvToFloat(),
+        ConvToGemm(target),
+        # A convolution's output reshape out of the way of its epilogue, before the scales
+        # after it fold into the weights, before the weights are packed.
+        SinkReshapes(),
+        FoldScalesIntoWeights(),
+        # Integer GEMMs take the matmuls of 8-bit data before the constant-weight packing
+        # sees their int32 form.
+        IntegerGemmToVNNI(target),
+        PrepackConstantWeights(target, bf16=precision == "bf16"),
+        # Fusion groups anchor on the packed GEMMs, so after the packing.
+        *_noted(recorder, FuseGemmEpilogues()),
+        # Inside the fused groups too, so after the grouping.
+        FastMath(),
+    ]
+
+
+def fusion_passes(target: Target, recorder=None) -> list[tvm.transform.Pass]:
+    """Phase 3: legalize to TIR and fuse producer/consumer chains into one kernel each."""
+    return [
+        *cpu_generic.library_dispatch_passes(target),
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        *_noted(recorder, relax.transform.FuseOps()),
+        relax.transform.FuseTIR(),
+        *([recorder.record_kernels()] if recorder is not None else []),
+    ]
+
+
+def prepare_passes(target: Target, precision: str = "fp32",
+                   recorder=None) -> list[tvm.transform.Pass]:
+    """Phases 1-3: the passes before TIR scheduling.
+
+    Their output's PrimFuncs are what the schedule rules see, hence the tuning tasks
+    (``tvm_hybrid.tune`` extracts tasks after exactly these passes).
+    """
+    return [*normalize_passes(target), *graph_passes(target, precision, recorder),
+            *fusion_passes(target, recorder)]
+
+
+def schedule_passes(recorder=None) -> list[tvm.transform.Pass]:
+    """Phase 4: tuning records first (a record beats a heuristic), then the expert templates,
+    then the parallel+vectorize fallback; anything left keeps stock lowering."""
+    records = [] if ms.database.Database.current() is None else [
+        relax.transform.MetaScheduleApplyDatabase(enable_warning=False)]
+    # The recorder keeps the unscheduled kernels (FLOP counts, hints) before they change.
+    snapshot = [recorder.snapshot()] if recorder is not None else []
+    return [*snapshot, *records, dlight.ApplyDefaultSchedule(*default_rules())]
+
+
+def lowering_passes(target: Target) -> list[tvm.transform.Pass]:
+    """Phase 5: lower dataflow, plan memory statically, and finalise for the VM."""
+    return [*cpu_generic.dataflow_lower_passes(target), *cpu_generic.finalize_passes(target)]
+
+
 def hybrid_pipeline(target: Target | None = None, precision: str = "fp32",
                     recorder=None) -> tvm.transform.Pass:
     """Build the hybrid pipeline.
@@ -57,49 +143,11 @@ def hybrid_pipeline(target: Target | None = None, precision: str = "fp32",
     def _pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         tgt = target or Target.current(allow_none=True) or host_target()
         with tgt:
-            phases = [
-                *prepare_passes(tgt, precision, recorder),
-                # Phase 4: schedule TIR: tuning records first, then expert templates, then the
-                # parallel+vectorize fallback; anything left keeps stock lowering.
-                *([recorder.snapshot()] if recorder is not None else []),
-                *_apply_records(),
-                dlight.ApplyDefaultSchedule(*default_rules()),
-                # Phase 5: lower dataflow, plan memory statically, and finalise for the VM.
-                *cpu_generic.dataflow_lower_passes(tgt),
-                *cpu_generic.finalize_passes(tgt),
-            ]
+            phases = [*prepare_passes(tgt, precision, recorder), *schedule_passes(recorder),
+                      *lowering_passes(tgt)]
             return tvm.transform.Sequential(phases)(mod)
 
     return _pipeline
-
-
-def prepare_passes(target: Target, precision: str = "fp32",
-                   recorder=None) -> list[tvm.transform.Pass]:
-    """Phases 1-3: the passes before TIR scheduling.
-
-    Their output's PrimFuncs are what the schedule rules see, hence the tuning tasks
-    (``tvm_hybrid.tune`` extracts tasks after exactly these passes).
-    """
-    return [
-        # Phase 1: normalise the imported graph (inference-only forms, folded constants).
-        # QDQ GEMMs become int8 first, before constant folding turns their weights into fp32.
-        relax.transform.DecomposeOpsForInference(),
-        relax.transform.CanonicalizeBindings(),
-        FoldQDQ(target),
-        relax.transform.FoldConstant(),
-        # Gathers and scatters check their run-time indices (after folding: static extents).
-        CheckIndices(),
-        # Phase 2: graph passes (fusion patterns, weight prepacking, quantization).
-        *graph_passes(target, precision, recorder),
-        # Phase 3: legalize to TIR and fuse producer/consumer chains into one kernel each.
-        *cpu_generic.library_dispatch_passes(target),
-        relax.transform.LegalizeOps(),
-        relax.transform.AnnotateTIROpPattern(),
-        relax.transform.FoldConstant(),
-        *_noted(recorder, relax.transform.FuseOps()),
-        relax.transform.FuseTIR(),
-        *([recorder.record_kernels()] if recorder is not None else []),
-    ]
 
 
 def _noted(recorder, fusion: tvm.transform.Pass) -> list[tvm.transform.Pass]:
@@ -108,37 +156,6 @@ def _noted(recorder, fusion: tvm.transform.Pass) -> list[tvm.transform.Pass]:
     if recorder is None:
         return [fusion]
     return [recorder.before_fusion(), fusion, recorder.after_fusion()]
-
-
-def graph_passes(target: Target, precision: str = "fp32",
-                 recorder=None) -> list[tvm.transform.Pass]:
-    """Relax-level rewrites run before legalization.
-
-    Integer matmuls with constant 8-bit weights become u8 x s8 VNNI GEMMs, constant fp32
-    weights are prepacked for the GEMM microkernel, each GEMM is grouped with its
-    epilogue chain (``patterns.py``), and exp/erf/tanh/softmax take vectorisable forms.
-    """
-    return [
-        # Integer convolutions whose sums fp32 holds exactly join the fp32 convolutions.
-        IntegerConvToFloat(),
-        ConvToGemm(target),
-        # Reshapes after GEMMs (a convolution's output) out of the way of their epilogues,
-        # then BatchNorm-like scales and shifts into the weights (before they are packed).
-        SinkReshapes(),
-        FoldScalesIntoWeights(),
-        IntegerGemmToVNNI(target),
-        # Constant weights packed in the layout of each GEMM's kernel (fp32, bf16); after the
-        # integer GEMMs, which take the matmuls of 8-bit data first.
-        PrepackConstantWeights(target, bf16=precision == "bf16"),
-        *_noted(recorder, FuseGemmEpilogues()),
-        FastMath(),
-    ]
-
-
-def _apply_records() -> list[tvm.transform.Pass]:
-    if ms.database.Database.current() is None:
-        return []
-    return [relax.transform.MetaScheduleApplyDatabase(enable_warning=False)]
 
 
 def register() -> None:
