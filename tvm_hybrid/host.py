@@ -26,7 +26,6 @@ from tvm.target import Target, codegen
 from .errors import TargetError
 from .thread_pool import num_threads, physical_cores
 
-_AMX_FEATURES = ("amx-tile", "amx-int8", "amx-bf16")
 # Vector features LLVM may use in any code (not only the microkernels'): a CPU lacking them
 # faults on code built for them.
 _WATCHED_FEATURES = frozenset({"avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl",
@@ -209,8 +208,11 @@ def _llvm_major() -> int:
 
 
 def uses_amx(target: Target) -> bool:
-    """Whether ``target`` enables any AMX feature."""
-    return any(f in target_features(target) for f in _AMX_FEATURES)
+    """Whether ``target`` enables any feature of a per-block (AMX) microkernel family."""
+    from .microkernels import all_families
+
+    matrix = {f for family in all_families() if family.first.per_block for f in family.features}
+    return bool(matrix & target_features(target))
 
 
 _ARCH_GET_XCOMP_PERM, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 0x1022, 0x1023, 18
