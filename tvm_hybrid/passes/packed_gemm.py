@@ -22,7 +22,7 @@ import numpy as np
 from tvm import relax, te
 from tvm.target import Target
 
-from ..schedules.gemm.heuristics import GemmShape, select
+from ..schedules.gemm.heuristics import GemmShape, padded_rows, select
 
 #: Part of every packed GEMM's kernel name (the fusion patterns' anchor).
 PACKED_GEMM = "packed_matmul"
@@ -51,8 +51,9 @@ def pack_weight(weight: np.ndarray, panel: int, group: int = 1, dtype=None) -> n
 
 def packed_gemm(x: te.Tensor, packed: te.Tensor, n: int, acc_dtype: str, out_dtype: str,
                 compensation: te.Tensor | None = None,
-                zero_point: te.Tensor | None = None) -> te.Tensor:
-    """``x[..., M, K] @ W`` with ``W`` packed (module docstring); the output has ``n`` columns.
+                zero_point: te.Tensor | None = None, out_rows: int | None = None) -> te.Tensor:
+    """``x[..., M, K] @ W`` with ``W`` packed (module docstring); the output has ``n`` columns
+    (and its first ``out_rows`` rows when ``x``'s ``M`` was padded: ``padded_rows``).
 
     ``compensation[N]`` (integer GEMMs) is subtracted, times the 0-d ``zero_point`` when one
     is given (a zero point known only at run time).
@@ -74,15 +75,15 @@ def packed_gemm(x: te.Tensor, packed: te.Tensor, n: int, acc_dtype: str, out_dty
                             * weight(idx[-1], k).astype(acc_dtype), axis=k),
         name=PACKED_GEMM,
     )
+    out = (*batch[:-1], batch[-1] if out_rows is None else out_rows, n)
     if compensation is None:
-        if panels * panel == n and out_dtype == acc_dtype:
+        if tuple(out) == tuple(acc.shape) and out_dtype == acc_dtype:
             return acc
-        return te.compute((*batch, n), lambda *idx: acc[idx].astype(out_dtype), name="unpad")
+        return te.compute(out, lambda *idx: acc[idx].astype(out_dtype), name="unpad")
     if zero_point is None:
-        return te.compute((*batch, n), lambda *idx: acc[idx] - compensation[idx[-1]],
+        return te.compute(out, lambda *idx: acc[idx] - compensation[idx[-1]],
                           name="compensate")
-    return te.compute((*batch, n),
-                      lambda *idx: acc[idx] - zero_point[()] * compensation[idx[-1]],
+    return te.compute(out, lambda *idx: acc[idx] - zero_point[()] * compensation[idx[-1]],
                       name="compensate")
 
 
@@ -117,13 +118,14 @@ def emit_packed_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
     in_dtype = str(x.ty.dtype)
     k, n = (int(d) for d in weight.shape)
     m = int(x.ty.shape.values[-2])
-    layout = gemm_layout(target, in_dtype, m, n, k)
+    extra_rows = padded_rows(target, in_dtype, GemmShape(1, m, n, k))
+    layout = gemm_layout(target, in_dtype, m + extra_rows, n, k)
     if layout is None:
         return None
     panel, group = layout
     pad = -k % group  # zero columns of x times zero rows of W add nothing
-    if pad:
-        x = builder.emit(relax.op.nn.pad(x, [0, 0] * (x.ty.ndim - 1) + [0, pad]))
+    if pad or extra_rows:  # zero rows of x give rows the kernel slices off
+        x = builder.emit(relax.op.nn.pad(x, [0, 0] * (x.ty.ndim - 2) + [0, extra_rows, 0, pad]))
     packed = relax.const(pack_weight(weight, panel, group, weight_dtype))
     extra = [] if compensation is None else [relax.const(compensation)]
     if zero_point is not None:
@@ -132,6 +134,7 @@ def emit_packed_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
     def compute(x, packed, *rest):
         comp = rest[0] if rest else None
         zp = rest[1] if len(rest) > 1 else None
-        return packed_gemm(x, packed, n, acc_dtype, out_dtype, comp, zp)
+        return packed_gemm(x, packed, n, acc_dtype, out_dtype, comp, zp,
+                           out_rows=m if extra_rows else None)
 
     return builder.call_te(compute, x, packed, *extra, primfunc_name_hint=KERNEL_NAMES[in_dtype])

@@ -40,6 +40,12 @@ from ...microkernels import Microkernel, microkernels_for
 _MIN_ACCUMULATORS = 8
 # Cost of one block's loop overhead, in units of FLOP-normalised traffic.
 _BLOCK_OVERHEAD = 4.0
+# Padding M must gain this much throughput over the best exact tile (it costs a copy of x).
+_PAD_GAIN = 1.25
+# ...and is only worth that copy for this many output columns or more, and this many rows (a
+# few rows stream the weights once whatever the tile: memory-bound, not FMA-bound).
+_PAD_MIN_N = 32
+_PAD_MIN_M = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +109,38 @@ def select(target: Target, in_dtype: str, shape: GemmShape, *, panel: int | None
             continue
         out.append(kernel)
     return sorted(out, key=_kernel_score, reverse=True)
+
+
+def padded_rows(target: Target, in_dtype: str, shape: GemmShape) -> int:
+    """Zero rows to add to ``M`` so that a better register tile covers it (0: none).
+
+    A GEMM whose ``M`` no good tile divides (197 tokens, a prime batch) would run on a thin
+    tile; the packing passes can pad ``x`` with zero rows instead (sliced off in the kernel,
+    like the padded columns). Padding is chosen when the best tile's throughput, scaled by the
+    useful fraction ``M / (M + pad)``, beats the best exact tile by :data:`_PAD_GAIN`, and only
+    for ``N >= ``:data:`_PAD_MIN_N` (the padded copy of ``x`` is paid once per ``N``) and
+    ``M >= ``:data:`_PAD_MIN_M`.
+    """
+    if shape.n < _PAD_MIN_N or shape.m < _PAD_MIN_M:
+        return 0
+    exact = select(target, in_dtype, shape, packing=True)
+    if exact and exact[0].per_block:
+        return 0
+    best_rows, best = 0, (_throughput(exact[0]) if exact else 0.0) * _PAD_GAIN
+    for kernel in microkernels_for(target, in_dtype, include_blocks=False):
+        pad = -shape.m % kernel.mr
+        value = _throughput(kernel) * shape.m / (shape.m + pad)
+        if pad and value > best:
+            best_rows, best = pad, value
+    return best_rows
+
+
+def _throughput(k: Microkernel) -> float:
+    """Rule 1's ranking as one number: FMAs per load, discounted below 8 accumulators."""
+    vectors = k.nr // k.lanes
+    accumulators = k.mr * vectors
+    return min(accumulators, _MIN_ACCUMULATORS) / _MIN_ACCUMULATORS * accumulators / (
+        k.mr + vectors)
 
 
 def choose_kernel(shape: GemmShape, kernels: list[Microkernel]) -> Microkernel | None:
