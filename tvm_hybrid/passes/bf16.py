@@ -25,7 +25,8 @@ from .packed_gemm import emit_packed_gemm, gemm_layout
 
 
 def emit_bf16_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
-                   weight: np.ndarray, out_dtype: str) -> relax.Expr | None:
+                   weight: np.ndarray, out_dtype: str, pad_rows: bool = True
+                   ) -> relax.Expr | None:
     """The packed bf16 GEMM of ``x @ weight`` (``x`` fp32 or bf16), or None when ``target``
     has no bf16 kernel (nothing emitted then)."""
     k, n = weight.shape
@@ -34,4 +35,4 @@ def emit_bf16_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
     if str(x.ty.dtype) != "bfloat16":
         x = builder.emit(relax.op.astype(x, "bfloat16"))
     return emit_packed_gemm(builder, target, x, weight, weight_dtype=ml_dtypes.bfloat16,
-                            acc_dtype="float32", out_dtype=out_dtype)
+                            acc_dtype="float32", out_dtype=out_dtype, pad_rows=pad_rows)

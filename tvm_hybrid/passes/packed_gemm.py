@@ -98,7 +98,8 @@ def gemm_layout(target: Target, in_dtype: str, m: int, n: int, k: int
 def emit_packed_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
                      weight: np.ndarray, *, weight_dtype, acc_dtype: str, out_dtype: str,
                      compensation: np.ndarray | None = None,
-                     zero_point: relax.Expr | None = None) -> relax.Expr | None:
+                     zero_point: relax.Expr | None = None,
+                     pad_rows: bool = True) -> relax.Expr | None:
     """The call of ``x @ weight`` as a packed GEMM (padding and packing emitted), or None when
     ``target`` has no kernel for it (then nothing is emitted).
 
@@ -114,11 +115,14 @@ def emit_packed_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
         Accumulator and output dtypes.
     compensation, zero_point
         For integer GEMMs: see :func:`packed_gemm`.
+    pad_rows
+        Whether ``x`` may be padded with zero rows (``padded_rows``); not for the output of a
+        hand-written kernel (im2col), whose buffer FuseTIR cannot share with the padding.
     """
     in_dtype = str(x.ty.dtype)
     k, n = (int(d) for d in weight.shape)
     m = int(x.ty.shape.values[-2])
-    extra_rows = padded_rows(target, in_dtype, GemmShape(1, m, n, k))
+    extra_rows = padded_rows(target, in_dtype, GemmShape(1, m, n, k)) if pad_rows else 0
     layout = gemm_layout(target, in_dtype, m + extra_rows, n, k)
     if layout is None:
         return None

@@ -62,10 +62,13 @@ class _Rewriter(relax.PyExprMutator):
         if dtype not in ("float32", "bfloat16") or not is_static_tensor(x.ty, (dtype,)):
             return call
         array = weight.value.numpy()
+        # An im2col's output (a hand-written kernel) keeps its rows (emit_packed_gemm).
+        pad_rows = not is_op(bound_value(self, x), "relax.call_tir")
         if dtype == "bfloat16" or self.bf16:
-            gemm = emit_bf16_gemm(self.builder_, self.target, x, array, str(call.ty.dtype))
+            gemm = emit_bf16_gemm(self.builder_, self.target, x, array, str(call.ty.dtype),
+                                  pad_rows)
             if gemm is not None or dtype == "bfloat16":
                 return call if gemm is None else gemm
         gemm = emit_packed_gemm(self.builder_, self.target, x, array, weight_dtype="float32",
-                                acc_dtype="float32", out_dtype="float32")
+                                acc_dtype="float32", out_dtype="float32", pad_rows=pad_rows)
         return call if gemm is None else gemm
