@@ -17,6 +17,7 @@ import tvm_hybrid
 from tvm_hybrid.frontend import import_model
 from tvm_hybrid.host import host_target
 from tvm_hybrid.passes import ConvToGemm, FastMath, FoldScalesIntoWeights, SinkReshapes
+from tvm_hybrid.testing.relax_modules import relax_function as _function
 
 ort = pytest.importorskip("onnxruntime", reason="the comparisons need onnxruntime (test extra)")
 
@@ -35,15 +36,6 @@ def _ops(mod: tvm.IRModule) -> list[str]:
 def _run(mod: tvm.IRModule, *args: np.ndarray) -> np.ndarray:
     vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
     return vm["main"](*(tvm.runtime.tensor(a) for a in args)).numpy()
-
-
-def _function(params, body):
-    bb = relax.BlockBuilder()
-    with bb.function("main", params):
-        with bb.dataflow():
-            out = bb.emit_output(body(bb, *params))
-        bb.emit_func_output(out)
-    return bb.get()
 
 
 RNG = np.random.default_rng(0)

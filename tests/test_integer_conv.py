@@ -16,6 +16,7 @@ import tvm_hybrid
 from tvm_hybrid.host import host_target
 from tvm_hybrid.passes import IntegerConvToFloat
 from tvm_hybrid.pipeline import hybrid_pipeline
+from tvm_hybrid.testing.relax_modules import relax_function
 
 RNG = np.random.default_rng(0)
 
@@ -101,12 +102,7 @@ def test_conv_integer_beyond_the_bound_keeps_int32_and_is_exact():
 
 def _reduction_module(shape, op, axes):
     x = relax.Var("x", relax.TensorType(shape, "float32"))
-    bb = relax.BlockBuilder()
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            out = bb.emit_output(op(x, axes))
-        bb.emit_func_output(out)
-    return bb.get()
+    return relax_function([x], lambda bb, x: op(x, axes))
 
 
 @pytest.mark.parametrize("name,shape,axes", [

@@ -18,6 +18,7 @@ from tvm_hybrid.bench import workloads
 from tvm_hybrid.passes import PrepackConstantWeights
 from tvm_hybrid.passes.packed_gemm import KERNEL_NAMES, pack_weight, packed_gemm
 from tvm_hybrid.schedules.gemm.heuristics import GemmShape, padded_rows, select
+from tvm_hybrid.testing.relax_modules import relax_function
 
 ZEN5 = tvm_hybrid.make_target({"kind": "llvm", "mcpu": "znver5", "num-cores": 2})
 HASWELL = tvm_hybrid.make_target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
@@ -45,12 +46,7 @@ def test_padded_gemm_structure():
     nr = select(ZEN5, "float32", GemmShape(1, 197 + pad, 256, 64), packing=True)[0].nr
 
     def build(body):
-        bb = relax.BlockBuilder()
-        with bb.function("main", [x]):
-            with bb.dataflow():
-                out = bb.emit_output(body(bb, x))
-            bb.emit_func_output(out)
-        return bb.get()
+        return relax_function([x], body)
 
     def expected(bb, x):
         padded = bb.emit(relax.op.nn.pad(x, [0, pad, 0, 0]))

@@ -15,20 +15,10 @@ import tvm
 from tvm import relax, topi
 
 import tvm_hybrid
-from tvm_hybrid.passes import (
-    CheckIndices,
-    ConvToGemm,
-    FastMath,
-    FoldQDQ,
-    FoldScalesIntoWeights,
-    FuseGemmEpilogues,
-    IntegerConvToFloat,
-    IntegerGemmToVNNI,
-    PrepackConstantWeights,
-    SinkReshapes,
-)
+from tvm_hybrid import passes
 from tvm_hybrid.passes.check_indices import check_function
 from tvm_hybrid.passes.packed_gemm import KERNEL_NAMES, pack_weight, packed_gemm
+from tvm_hybrid.testing.relax_modules import relax_function as _function
 
 HASWELL = tvm_hybrid.make_target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
 ICELAKE = tvm_hybrid.make_target({"kind": "llvm", "mcpu": "icelake-server", "num-cores": 2})
@@ -37,15 +27,6 @@ COOPERLAKE = tvm_hybrid.make_target({"kind": "llvm", "mcpu": "cooperlake", "num-
 RNG = np.random.default_rng(0)
 W = RNG.standard_normal((24, 16)).astype("float32")
 B = RNG.standard_normal(16).astype("float32")
-
-
-def _function(params, body):
-    bb = relax.BlockBuilder()
-    with bb.function("main", params):
-        with bb.dataflow():
-            out = bb.emit_output(body(bb, *params))
-        bb.emit_func_output(out)
-    return bb.get()
 
 
 def _tensor(name, shape, dtype="float32"):
@@ -73,7 +54,7 @@ def test_sink_reshapes():
         y = bb.emit(relax.op.nn.relu(y))
         return relax.op.reshape(y, (1, 6, 6, 16))
 
-    _same(SinkReshapes()(_function([x], before)), _function([x], expected))
+    _same(passes.SinkReshapes()(_function([x], before)), _function([x], expected))
 
 
 def test_fold_scales_into_weights():
@@ -89,7 +70,7 @@ def test_fold_scales_into_weights():
         y = bb.emit(relax.op.matmul(x, relax.const(W * scale)))
         return relax.op.add(y, relax.const(B * scale))
 
-    _same(FoldScalesIntoWeights()(_function([x], before)), _function([x], expected))
+    _same(passes.FoldScalesIntoWeights()(_function([x], before)), _function([x], expected))
 
 
 def test_fast_math_sigmoid():
@@ -102,7 +83,7 @@ def test_fast_math_sigmoid():
         fast = bb.emit(relax.op.divide(one, relax.op.add(one, exp)))
         return relax.op.where(relax.op.isnan(x), x, fast)
 
-    after = FastMath()(_function([x], lambda bb, x: relax.op.sigmoid(x)))
+    after = passes.FastMath()(_function([x], lambda bb, x: relax.op.sigmoid(x)))
     _same(relax.transform.Normalize()(after),
           relax.transform.Normalize()(_function([x], expected)))
 
@@ -117,7 +98,7 @@ def test_check_indices():
         checked = bb.emit(relax.call_tir(gv, (flat,), relax.TensorType((3,), "int64")))
         return relax.op.take(x, bb.emit(relax.op.reshape(checked, (3,))), axis=0, mode="fast")
 
-    after = CheckIndices()(_function([x, i], lambda bb, x, i: relax.op.take(x, i, axis=0)))
+    after = passes.CheckIndices()(_function([x, i], lambda bb, x, i: relax.op.take(x, i, axis=0)))
     _same(after, _function([x, i], expected))
 
 
@@ -138,7 +119,7 @@ def test_integer_conv_to_float():
         return relax.op.nn.conv2d(as_float, relax.const(w.astype("float32")),
                                   out_dtype="float32")
 
-    after = IntegerConvToFloat()(_function([x], before))
+    after = passes.IntegerConvToFloat()(_function([x], before))
     _same(relax.transform.Normalize()(after), _function([x], expected))
 
 
@@ -158,7 +139,7 @@ def _packed_call(bb, x, weight, n, acc, out, extra=(), name="float32"):
 def test_prepack_constant_weights_fp32():
     """Haswell's best tile for 36 rows is 4 x 24: 16 columns packed into one 24-wide panel."""
     x = _tensor("x", (36, 24))
-    after = PrepackConstantWeights(HASWELL)(
+    after = passes.PrepackConstantWeights(HASWELL)(
         _function([x], lambda bb, x: relax.op.matmul(x, relax.const(W))))
     expected = _function([x], lambda bb, x: _packed_call(bb, x, pack_weight(W, 24), 16,
                                                          "float32", "float32"))
@@ -174,7 +155,7 @@ def test_prepack_constant_weights_in_bf16_mode():
         packed = pack_weight(W, 32, 2, ml_dtypes.bfloat16)
         return _packed_call(bb, x16, packed, 16, "float32", "float32", name="bfloat16")
 
-    after = PrepackConstantWeights(COOPERLAKE, bf16=True)(
+    after = passes.PrepackConstantWeights(COOPERLAKE, bf16=True)(
         _function([x], lambda bb, x: relax.op.matmul(x, relax.const(W))))
     _same(after, _function([x], expected))
 
@@ -198,7 +179,7 @@ def test_integer_gemm_on_vnni():
         return bb.emit(_packed_call(bb, padded, packed, 16, "int32", "int32", [compensation],
                                     name="uint8"))
 
-    after = IntegerGemmToVNNI(ICELAKE)(_function([x], _integer_matmul))
+    after = passes.IntegerGemmToVNNI(ICELAKE)(_function([x], _integer_matmul))
     _same(after, _function([x], expected))
 
 
@@ -211,7 +192,7 @@ def test_integer_gemm_on_avx2_s16():
         packed = pack_weight(W32, 16, 2, np.int16)
         return bb.emit(_packed_call(bb, x16, packed, 16, "int32", "int32", name="int16"))
 
-    after = IntegerGemmToVNNI(HASWELL)(_function([x], _integer_matmul))
+    after = passes.IntegerGemmToVNNI(HASWELL)(_function([x], _integer_matmul))
     _same(after, _function([x], expected))
 
 
@@ -227,7 +208,7 @@ def test_conv_to_gemm_pointwise():
         y = bb.emit(relax.op.reshape(y, (1, 6, 6, 16)))
         return relax.op.permute_dims(y, [0, 3, 1, 2])
 
-    after = ConvToGemm(HASWELL)(
+    after = passes.ConvToGemm(HASWELL)(
         _function([x], lambda bb, x: relax.op.nn.conv2d(x, relax.const(w))))
     _same(after, _function([x], expected))
 
@@ -261,7 +242,7 @@ def test_fold_qdq_matmul():
         scale = np.full(16, np.float32(0.1) * np.float32(0.05), "float32")
         return bb.emit(relax.op.multiply(sums, relax.const(scale)))
 
-    _same(FoldQDQ(ICELAKE)(_function([x], before)), _function([x], expected))
+    _same(passes.FoldQDQ(ICELAKE)(_function([x], before)), _function([x], expected))
 
 
 def test_fuse_gemm_epilogues():
@@ -288,4 +269,4 @@ def test_fuse_gemm_epilogues():
         with bb.dataflow():
             out = bb.emit_output(relax.Call(fused, [main_x, relax.const(W), relax.const(B)]))
         bb.emit_func_output(out)
-    _same(FuseGemmEpilogues()(_function([x], before)), bb.get())
+    _same(passes.FuseGemmEpilogues()(_function([x], before)), bb.get())
