@@ -36,7 +36,7 @@ from .frontend import import_model, load_onnx
 from .frontend.importer import is_static, onnx_inputs
 from .host import make_target, target_to_dict
 from .kernel_info import KernelRecorder
-from .microkernels import microkernels_for
+from .microkernels import best_vector_family
 from .pipeline import PRECISIONS, hybrid_pipeline
 from .specializing_model import DEFAULT_MAX_SPECIALIZATIONS, SpecializingModel
 
@@ -227,16 +227,14 @@ def check_precision(precision: str, target: tvm.target.Target) -> None:
         raise OptionError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if precision != "bf16":
         return
-    kernels = microkernels_for(target, "bfloat16", include_blocks=False)
-    if not kernels:
+    family = best_vector_family(target, "bfloat16")
+    if family is None:
         raise TargetError(
             f"precision='bf16' needs AVX2 or AVX-512, which target mcpu="
             f"{target.attrs.get('mcpu')!s} lacks; use precision='fp32'"
         )
-    if kernels[0].isa.endswith("bf16emu"):
-        logger.warning(
-            "note: mcpu=%s has no AVX512-BF16, so bf16 compute is emulated: weights are stored "
-            "in bf16 and widened to fp32 in the microkernel", target.attrs.get("mcpu"))
+    if family.note:
+        logger.warning("note: mcpu=%s has %s", target.attrs.get("mcpu"), family.note)
 
 
 def _bind_params(mod: tvm.IRModule, params: dict[str, np.ndarray]) -> tvm.IRModule:

@@ -126,6 +126,8 @@ class Family:
         Preference among families of the same operand dtype a target has (higher first).
     tile_functions, block_functions
         The intrinsic generator: per register tile, or per block (``per_block`` kernels).
+    note
+        What a user should know when the family is chosen (logged at compile time), or "".
     """
 
     tier: str
@@ -133,6 +135,7 @@ class Family:
     rank: int
     tile_functions: TileFunctions | None = None
     block_functions: BlockFunctions | None = None
+    note: str = ""
 
     @property
     def first(self) -> Microkernel:

@@ -21,7 +21,8 @@ import numpy as np
 from tvm import relax
 from tvm.target import Target
 
-from .packed_gemm import emit_packed_gemm, gemm_layout
+from ..schedules.gemm.heuristics import weight_layout
+from .packed_gemm import emit_packed_gemm
 
 
 def emit_bf16_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
@@ -30,7 +31,7 @@ def emit_bf16_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
     """The packed bf16 GEMM of ``x @ weight`` (``x`` fp32 or bf16), or None when ``target``
     has no bf16 kernel (nothing emitted then)."""
     k, n = weight.shape
-    if gemm_layout(target, "bfloat16", int(x.ty.shape.values[-2]), n, k) is None:
+    if weight_layout(target, "bfloat16", int(x.ty.shape.values[-2]), n, k) is None:
         return None
     if str(x.ty.dtype) != "bfloat16":
         x = builder.emit(relax.op.astype(x, "bfloat16"))

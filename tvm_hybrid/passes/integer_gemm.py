@@ -34,7 +34,8 @@ from tvm import relax
 from tvm.target import Target
 
 from ..microkernels import has_integer_kernels, integer_gemm_dtype
-from .packed_gemm import emit_packed_gemm, gemm_layout
+from ..schedules.gemm.heuristics import weight_layout
+from .packed_gemm import emit_packed_gemm
 from .relax_rewrite import (
     TargetMutator,
     TargetPass,
@@ -61,7 +62,7 @@ def emit_int8_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
     dtype = integer_gemm_dtype(target, int(w32.min(initial=0)), int(w32.max(initial=0)))
     if dtype == "int16":
         return _emit_s16_gemm(builder, target, x, zero_point, w32)
-    if dtype is None or gemm_layout(target, "uint8", m, n, k) is None:
+    if dtype is None or weight_layout(target, "uint8", m, n, k) is None:
         return None
     signed = str(x_ty.dtype) == "int8"
     colsum = w32.astype(np.int64).sum(axis=0)
@@ -95,7 +96,7 @@ def _emit_s16_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
     k, n = w32.shape
     if np.abs(w32).max(initial=0) > 2**15 - 1:
         return None
-    if gemm_layout(target, "int16", int(x_ty.shape.values[-2]), n, k) is None:
+    if weight_layout(target, "int16", int(x_ty.shape.values[-2]), n, k) is None:
         return None
     x16 = relax.op.astype(x, "int16")
     if isinstance(zero_point, relax.Expr):

@@ -22,7 +22,7 @@ import numpy as np
 from tvm import relax, te
 from tvm.target import Target
 
-from ..schedules.gemm.heuristics import GemmShape, padded_rows, select
+from ..schedules.gemm.heuristics import GemmShape, padded_rows, weight_layout
 
 #: Part of every packed GEMM's kernel name (the fusion patterns' anchor).
 PACKED_GEMM = "packed_matmul"
@@ -87,14 +87,6 @@ def packed_gemm(x: te.Tensor, packed: te.Tensor, n: int, acc_dtype: str, out_dty
                       name="compensate")
 
 
-def gemm_layout(target: Target, in_dtype: str, m: int, n: int, k: int
-                ) -> tuple[int, int] | None:
-    """``(panel, group)`` to pack an ``m x n x k`` GEMM's weights with: the layout of the best
-    kernel :func:`~tvm_hybrid.schedules.gemm.heuristics.select` offers, or None if none."""
-    kernels = select(target, in_dtype, GemmShape(1, m, n, k), packing=True)
-    return kernels[0].weight_layout if kernels else None
-
-
 def emit_packed_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
                      weight: np.ndarray, *, weight_dtype, acc_dtype: str, out_dtype: str,
                      compensation: np.ndarray | None = None,
@@ -123,7 +115,7 @@ def emit_packed_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
     k, n = (int(d) for d in weight.shape)
     m = int(x.ty.shape.values[-2])
     extra_rows = padded_rows(target, in_dtype, GemmShape(1, m, n, k)) if pad_rows else 0
-    layout = gemm_layout(target, in_dtype, m + extra_rows, n, k)
+    layout = weight_layout(target, in_dtype, m + extra_rows, n, k)
     if layout is None:
         return None
     panel, group = layout

@@ -58,8 +58,9 @@ class ParallelVectorize(ScheduleRule):
             if not _schedule(sch, target):
                 return None
         except (s_tir.ScheduleError, NotApplicable) as err:
-            logger.debug("ParallelVectorize left %s to stock lowering: %s", function_name(func),
-                         first_line(err))
+            if logger.isEnabledFor(logging.DEBUG):  # naming an unnamed function costs a schedule
+                logger.debug("ParallelVectorize left %s to stock lowering: %s",
+                             function_name(func), first_line(err))
             return None
         return sch
 

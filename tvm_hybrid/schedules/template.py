@@ -110,17 +110,23 @@ class Template(ScheduleRule, abc.ABC):
 
     def workloads(self, func: tirx.PrimFunc, target: Target) -> list:
         """The workloads of ``func`` the template schedules (those with heuristic knobs)."""
-        if not self._takes(func, target):
+        if not isinstance(func, tirx.PrimFunc):
             return []
-        try:
-            found = self.match(s_tir.Schedule(func), target) or []
-        except NotApplicable:
-            return []
-        return [w for w in found if self.heuristic(w, target) is not None]
+        return [w for w, _ in _matched(self, func, target, s_tir.Schedule(func))]
 
-    def _takes(self, func, target: Target) -> bool:
-        return (isinstance(func, tirx.PrimFunc) and target.kind.name == "llvm"
-                and self.available(target))
+
+def _matched(template: Template, func, target: Target, sch: s_tir.Schedule) -> list[tuple]:
+    """``(workload, heuristic knobs)`` for each workload ``template`` covers in ``func``
+    (``sch`` prepared by its ``match``); empty when it takes none."""
+    if not (isinstance(func, tirx.PrimFunc) and target.kind.name == "llvm"
+            and template.available(target)):
+        return []
+    try:
+        found = template.match(sch, target) or []
+    except NotApplicable:
+        return []
+    pairs = [(w, template.heuristic(w, target)) for w in found]
+    return [(w, k) for w, k in pairs if k is not None]
 
 
 def apply_template(template: Template, func: tirx.PrimFunc, target: Target,
@@ -148,21 +154,17 @@ def apply_template(template: Template, func: tirx.PrimFunc, target: Target,
     (s_tir.Schedule, list) or None
         The scheduled function and the knobs used for each workload.
     """
-    if not template._takes(func, target):
+    if not isinstance(func, tirx.PrimFunc):
         return None
     sch = sch if sch is not None else s_tir.Schedule(func)
-    try:
-        found = template.match(sch, target)
-    except NotApplicable:
-        return None
-    workloads = [w for w in found or [] if template.heuristic(w, target) is not None]
-    if not workloads:
+    matched = _matched(template, func, target, sch)
+    if not matched:
         return None
     if knobs is None:
-        knobs = [template.heuristic(w, target) for w in workloads]
-    if len(knobs) != len(workloads):
+        knobs = [k for _, k in matched]
+    if len(knobs) != len(matched):
         return None
-    chosen = list(zip(workloads, knobs))
+    chosen = [(w, k) for (w, _), k in zip(matched, knobs)]
     if not all(template.fits(w, k, target) for w, k in chosen):
         return None
     try:

@@ -43,14 +43,18 @@ def bf16_widening_tile_functions(kernel: Microkernel, kc: int):
 
 
 
+#: Logged when the family is chosen: the CPU has no bf16 dot product.
+EMULATED = ("no AVX512-BF16, so bf16 compute is emulated: weights are stored in bf16 and widened "
+            "to fp32 in the microkernel")
+
 AVX512_BF16EMU = register_family(Family(
     "avx512",
     vector_tiles("avx512_bf16emu", ("avx512f",), 512, 32, "bfloat16", "float32", 2,
                  operand_registers=(2, 2)),
-    rank=20, tile_functions=bf16_widening_tile_functions))
+    rank=20, tile_functions=bf16_widening_tile_functions, note=EMULATED))
 
 AVX2_BF16EMU = register_family(Family(
     "avx2",
     vector_tiles("avx2_bf16emu", ("avx2", "fma"), 256, 16, "bfloat16", "float32", 2,
                  operand_registers=(2, 2)),
-    rank=10, tile_functions=bf16_widening_tile_functions))
+    rank=10, tile_functions=bf16_widening_tile_functions, note=EMULATED))

@@ -158,15 +158,20 @@ def _kernel_score(k: Microkernel) -> tuple:
     return (min(accumulators, _MIN_ACCUMULATORS), accumulators / (k.mr + vectors), k.nr)
 
 
-def panel_width(target: Target, in_dtype: str, m: int, n: int, k: int) -> int | None:
-    """Panel width to pack constant ``B`` with for an ``m x n x k`` GEMM, or None if no kernel.
-
-    The panel of the best kernel :func:`select` offers with ``N`` and ``K`` padded by the
-    packing: AMX (16-column panels) when the target has it and the shape is a whole number of
-    AMX tiles, else the ``nr`` of the best vector tile whose ``mr`` divides ``m``.
-    """
+def weight_layout(target: Target, in_dtype: str, m: int, n: int, k: int
+                  ) -> tuple[int, int] | None:
+    """``(panel, group)`` to pack constant ``B`` of an ``m x n x k`` GEMM with, or None if no
+    kernel: the layout of the best kernel :func:`select` offers with ``N`` and ``K`` padded by
+    the packing (AMX's 16-column panels when the target has it and the shape is a whole number
+    of AMX tiles, else the best vector tile whose ``mr`` divides ``m``)."""
     kernels = select(target, in_dtype, GemmShape(1, m, n, k), packing=True)
-    return kernels[0].panel_width if kernels else None
+    return kernels[0].weight_layout if kernels else None
+
+
+def panel_width(target: Target, in_dtype: str, m: int, n: int, k: int) -> int | None:
+    """The panel of :func:`weight_layout` (fp32 packing has no ``k`` group)."""
+    layout = weight_layout(target, in_dtype, m, n, k)
+    return layout[0] if layout else None
 
 
 def choose_blocks(shape: GemmShape, kernel: Microkernel, caches: CacheSizes,
