@@ -130,6 +130,11 @@ class KernelNodes:
     def _names_of(self, var) -> list[str]:
         return self._names.get(var, [var.name])
 
+    def absorb(self, var, originals) -> None:
+        """``var`` now stands for the bindings ``originals`` (a rewrite replaced them)."""
+        names = [n for v in originals for n in self._names_of(v)]
+        self._names[var] = list(dict.fromkeys(names))
+
     def before(self) -> tvm.transform.Pass:
         @tvm.transform.module_pass(opt_level=0, name="NoteBindingsBeforeFusion")
         def note(mod, _ctx):

@@ -18,6 +18,7 @@ from .errors import CompileError, InputError, ModelLoadError, OptionError, first
 from .frontend import TensorSpec
 from .host import check_runnable_here
 from .passes.check_indices import INDEX_ERROR
+from .transfer import to_device
 
 _SOURCE_FORMATS = {"asm": "s", "s": "s", "ll": "ll", "llvm": "ll", "tir": "tir"}
 
@@ -166,10 +167,11 @@ class CompiledModel:
             )
         return [_check_input(spec, np.asarray(a)) for spec, a in zip(self.inputs, arrays)]
 
-    @staticmethod
-    def _to_device(arrays: list[np.ndarray]) -> list:
-        # np.require keeps 0-d inputs 0-d (np.ascontiguousarray would make them 1-d).
-        return [tvm.runtime.tensor(np.require(a, requirements="C"), tvm.cpu()) for a in arrays]
+    def _to_device(self, arrays: list[np.ndarray]) -> list:
+        staging = getattr(self._local, "staging", None)
+        if staging is None:
+            staging = self._local.staging = {}
+        return to_device(arrays, staging)
 
     # --- code and export -----------------------------------------------------------------
 
@@ -224,11 +226,9 @@ class CompiledModel:
             if self._kernels:
                 return sorted(self._kernels)
             raise CompileError("kernel names are only kept for models compiled in this process")
-        return sorted(
-            gv.name_hint
-            for gv, func in self.lowered.functions_items()
-            if isinstance(func, tvm.tirx.PrimFunc)
-        )
+        from .kernel_info import called_kernels
+
+        return sorted(gv.name_hint for gv, _ in called_kernels(self.lowered))
 
     def export(self, path: str | os.PathLike) -> Path:
         """Write the model to a shared library ``path`` (plus ``path + '.json'`` metadata with

@@ -3,8 +3,9 @@ lower.
 
 1. **Normalise** the imported graph: inference forms, QDQ GEMMs to integer GEMMs, constants
    folded, run-time index checks.
-2. **Graph passes**: convolutions to GEMMs, epilogues cleared of reshapes and scales, integer
-   and constant-weight GEMMs packed for their microkernels, GEMM + epilogue fusion groups.
+2. **Graph passes**: attention subgraphs to fused kernels, convolutions to GEMMs, epilogues
+   cleared of reshapes and scales, integer and constant-weight GEMMs packed for their
+   microkernels, GEMM + epilogue fusion groups.
 3. **Fusion**: legalize to TIR, fuse producer/consumer chains into one kernel each. Phases 1-3
    are :func:`prepare_passes`; their PrimFuncs are the tuning tasks.
 4. **Schedule**: tuning records, then the expert templates, then the fallback rule.
@@ -31,6 +32,7 @@ from .passes import (
     FastMath,
     FoldQDQ,
     FoldScalesIntoWeights,
+    FuseAttention,
     FuseGemmEpilogues,
     IntegerConvToFloat,
     IntegerGemmToVNNI,
@@ -59,6 +61,9 @@ def graph_passes(target: Target, precision: str = "fp32",
                  recorder=None) -> list[tvm.transform.Pass]:
     """Phase 2: Relax-level rewrites onto the GEMM engine, before legalization."""
     return [
+        # Attention subgraphs to one kernel each, before their matmuls could join GEMM
+        # fusion groups.
+        FuseAttention(target, recorder),
         # Integer convolutions whose sums fp32 holds exactly join the fp32 convolutions
         # before those become GEMMs.
         IntegerConvToFloat(),

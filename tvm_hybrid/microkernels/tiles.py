@@ -75,13 +75,16 @@ def reference_update(mr: int, nr: int, kc: int, acc: str, b_at: Callable, cast: 
     return one_row if mr == 1 else body
 
 
-def plain_tile_functions(kernel: Microkernel, kc: int):
-    """The (description, implementation) pair of an ``mr x nr`` fp32 tile over ``kc`` steps."""
-    mr, nr, lanes, dtype = kernel.mr, kernel.nr, kernel.lanes, kernel.in_dtype
-    vectors = nr // lanes
+def broadcast_fma(kernel: Microkernel, kc: int):
+    """The vector body of an ``mr x nr`` fp32 tile over ``kc`` steps, a ``T.macro`` over
+    ``A[mr, kc]``, ``B[kc, nr]`` and ``C[mr, nr]`` (any strides): per ``k`` and row, one
+    element of ``A`` broadcast and ``nr / lanes`` FMAs with ``B``'s row. The tile intrinsics
+    below and the fused attention kernel (``schedules/attention``) share it."""
+    mr, lanes = kernel.mr, kernel.lanes
+    vectors = kernel.nr // lanes
 
     @T.macro
-    def broadcast_fma(A, B, C):
+    def body(A, B, C):
         for kk in T.serial(kc):
             for i in T.unroll(mr):
                 for v in T.unroll(vectors):
@@ -89,9 +92,15 @@ def plain_tile_functions(kernel: Microkernel, kc: int):
                         i, T.ramp(v * lanes, 1, lanes)
                     ] + T.broadcast(A[i, kk], lanes) * B[kk, T.ramp(v * lanes, 1, lanes)]
 
+    return body
+
+
+def plain_tile_functions(kernel: Microkernel, kc: int):
+    """The (description, implementation) pair of an ``mr x nr`` fp32 tile over ``kc`` steps."""
+    mr, nr, dtype = kernel.mr, kernel.nr, kernel.in_dtype
     buffers = ((mr, kc), (kc, nr), (1,), (dtype, dtype, dtype), (mr, nr))
     desc = reference_update(mr, nr, kc, dtype, lambda B, j, k: B[k, j], cast=False)
-    return tile_function(*buffers, desc), tile_function(*buffers, broadcast_fma)
+    return tile_function(*buffers, desc), tile_function(*buffers, broadcast_fma(kernel, kc))
 
 
 def grouped_tile_functions(kernel: Microkernel, kc: int, b_dtype: str, update,

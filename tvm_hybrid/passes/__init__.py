@@ -4,6 +4,7 @@ from .check_indices import CheckIndices
 from .conv_gemm import ConvToGemm
 from .fast_math import FastMath
 from .fold_scales import FoldScalesIntoWeights
+from .fuse_attention import FuseAttention
 from .fuse_epilogues import FuseGemmEpilogues
 from .integer_conv import IntegerConvToFloat
 from .integer_gemm import IntegerGemmToVNNI
@@ -17,6 +18,7 @@ __all__ = [
     "FastMath",
     "FoldScalesIntoWeights",
     "FoldQDQ",
+    "FuseAttention",
     "FuseGemmEpilogues",
     "IntegerConvToFloat",
     "IntegerGemmToVNNI",

@@ -25,7 +25,13 @@ from tvm import relax
 from tvm.ir.prim.expr import IntImm
 
 from .conv_computes import DEPTHWISE, DIRECT_CONV
-from .relax_rewrite import bound_value, constant_value, is_op, rewrite_functions
+from .relax_rewrite import (
+    bound_value,
+    constant_value,
+    is_op,
+    rewrite_functions,
+    single_use_vars,
+)
 
 
 @tvm.transform.module_pass(opt_level=0, name="FoldScalesIntoWeights")
@@ -36,18 +42,6 @@ class FoldScalesIntoWeights:
         return rewrite_functions(mod, _Folder(mod), eliminate_dead_code=True)
 
 
-def _single_use(func: relax.Function) -> set[relax.Var]:
-    """The variables of ``func`` that exactly one binding reads (and the output does not)."""
-    counts: dict[relax.Var, int] = {}
-    body = func.body
-    values = [binding.value for block in body.blocks for binding in block.bindings]
-    for value in [*values, body.body]:
-        for var in relax.analysis.free_vars(value):
-            counts[var] = counts.get(var, 0) + 1
-    outputs = set(relax.analysis.free_vars(body.body))
-    return {var for var, n in counts.items() if n == 1 and var not in outputs}
-
-
 @relax.expr_functor.mutator
 class _Folder(relax.PyExprMutator):
     def __init__(self, mod: tvm.IRModule):
@@ -55,7 +49,7 @@ class _Folder(relax.PyExprMutator):
         self._single_use: set[relax.Var] = set()
 
     def visit_function_(self, func: relax.Function) -> relax.Expr:
-        self._single_use = _single_use(func)
+        self._single_use = single_use_vars(func)
         return super().visit_function_(func)
 
     def _emit(self, expr: relax.Expr) -> relax.Var:

@@ -26,6 +26,18 @@ def rewrite_functions(mod: tvm.IRModule, mutator: relax.PyExprMutator, *,
     return relax.transform.DeadCodeElimination()(out) if eliminate_dead_code else out
 
 
+def single_use_vars(func: relax.Function) -> set[relax.Var]:
+    """The variables of ``func`` that exactly one binding reads (and the output does not)."""
+    counts: dict[relax.Var, int] = {}
+    body = func.body
+    values = [binding.value for block in body.blocks for binding in block.bindings]
+    for value in [*values, body.body]:
+        for var in relax.analysis.free_vars(value):
+            counts[var] = counts.get(var, 0) + 1
+    outputs = set(relax.analysis.free_vars(body.body))
+    return {var for var, n in counts.items() if n == 1 and var not in outputs}
+
+
 def rewrite_by_op(call: relax.Call, rewrites: dict) -> relax.Expr:
     """``call`` rewritten by the function ``rewrites`` holds for its op, or ``call`` itself
     when there is none or it returns None (the call is not one it takes)."""

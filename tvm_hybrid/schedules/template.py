@@ -115,11 +115,17 @@ class Template(ScheduleRule, abc.ABC):
         return [w for w, _ in _matched(self, func, target, s_tir.Schedule(func))]
 
 
+def is_scheduled(func: tirx.PrimFunc) -> bool:
+    """Whether ``func`` came scheduled (a generated kernel: fused attention, index checks);
+    templates and tuners leave it alone."""
+    return bool((func.attrs or {}).get("tirx.is_scheduled", False))
+
+
 def _matched(template: Template, func, target: Target, sch: s_tir.Schedule) -> list[tuple]:
     """``(workload, heuristic knobs)`` for each workload ``template`` covers in ``func``
     (``sch`` prepared by its ``match``); empty when it takes none."""
     if not (isinstance(func, tirx.PrimFunc) and target.kind.name == "llvm"
-            and template.available(target)):
+            and template.available(target)) or is_scheduled(func):
         return []
     try:
         found = template.match(sch, target) or []

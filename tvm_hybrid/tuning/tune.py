@@ -28,6 +28,7 @@ from ..errors import CompileError, TuningRecordsError, TVMHybridError, first_lin
 from ..frontend import import_model
 from ..host import make_target
 from ..pipeline import prepare_passes
+from ..schedules.template import is_scheduled
 from .measure import Measurer, RPCSettings
 from .records import RecordsFile, TaskRecords, load_records, new_records, workload_key
 from .search import SearchState, Trial, median, neighbourhood_search
@@ -97,6 +98,8 @@ def _extract_tasks(model, target, input_shapes, params, others, precision, bind_
                            f"{first_line(err)}") from err
     tasks, rest = [], []
     for item in extracted:
+        if is_scheduled(item.dispatched[0]["main"]):
+            continue  # generated already scheduled (fused attention): nothing to search
         space = TemplateSpace(item.dispatched[0]["main"], target)
         if space:
             tasks.append(Task(item, space))

@@ -108,7 +108,7 @@ def select(target: Target, in_dtype: str, shape: GemmShape, *, panel: int | None
         if (kernel.per_block or not packing) and not whole:
             continue
         out.append(kernel)
-    return sorted(out, key=_kernel_score, reverse=True)
+    return sorted(out, key=kernel_score, reverse=True)
 
 
 def padded_rows(target: Target, in_dtype: str, shape: GemmShape) -> int:
@@ -148,10 +148,10 @@ def choose_kernel(shape: GemmShape, kernels: list[Microkernel]) -> Microkernel |
     fitting = [k for k in kernels if shape.m % k.mr == 0 and shape.n % k.nr == 0]
     if not fitting:
         return None
-    return max(fitting, key=_kernel_score)
+    return max(fitting, key=kernel_score)
 
 
-def _kernel_score(k: Microkernel) -> tuple:
+def kernel_score(k: Microkernel) -> tuple:
     """Rule 1's ranking: enough accumulators, then FMAs per load, then the wider tile."""
     vectors = k.nr // k.lanes
     accumulators = k.mr * vectors

@@ -1,0 +1,13 @@
+"""The fused attention template: ``softmax(scale * Q . K^T + mask) . V`` in one kernel.
+
+``workload.py`` says what one attention computes, ``heuristics.py`` picks the knobs (blocks and
+register tiles from the microkernel registry), ``kernel.py`` generates the kernel; the graph
+pass that finds attentions is ``passes/fuse_attention.py``.
+"""
+
+from .heuristics import AttentionKnobs, choose_knobs
+from .kernel import ATTENTION_ATTR, FLOPS_ATTR, attention_kernel
+from .workload import AttentionShape
+
+__all__ = ["ATTENTION_ATTR", "FLOPS_ATTR", "AttentionKnobs", "AttentionShape", "attention_kernel",
+           "choose_knobs"]

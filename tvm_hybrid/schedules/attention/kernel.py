@@ -1,0 +1,233 @@
+"""The fused attention kernel: one TIR function per attention shape and knob set.
+
+One parallel task per ``(batch, head, query block)``; per task, in L1/L2 and with no
+``q_len x kv_len`` buffer anywhere::
+
+    QT[d, i]  = Q[q0 + i, d]                        # the query block, transposed once
+    m, l, O   = -inf, 0, 0                          # running max, sum, output rows
+    for each key block [k0, k0 + k_block):          # online (flash-style) softmax
+        ST[j, i] = scale * K[k0 + j, :] . QT[:, i] + mask   # K.Q^T: qk register tiles,
+        m'       = max(m, max_j ST[:, i])                   #   K read in place (no copy)
+        ST       = exp(ST - m');  l = l * exp(m - m') + sum_j ST
+        O        = O * exp(m - m') + ST^T . V[k0:, :]       # P.V: pv register tiles
+        m        = m'
+    out[q0 + i, :] = O[i, :] / l[i]
+
+Scores are kept transposed (keys x queries) so that the row statistics of the softmax are
+vector operations across queries, with no horizontal reductions, and ``K`` is the broadcast
+operand of its product (read where it lies, in any layout), ``V`` the vector operand of its
+own. Both products run the fp32 microkernel body of the registry
+(:func:`~tvm_hybrid.microkernels.tiles.broadcast_fma`) on views of the operands. Tails: the
+last key block is shorter (its keys are copied to a zero-padded block for ``K . Q^T`` and
+its padding scores are ``-inf``), the last query block reads clamped rows and writes only
+real ones.
+
+The exponential is TVM's ``fast_exp`` polynomial (relative error ~1e-7), vectorised.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tvm import tirx
+from tvm.script import tirx as T
+
+from ...microkernels.tiles import broadcast_fma
+from .heuristics import AttentionKnobs
+from .workload import AttentionShape, element_offset, row_strides
+
+#: The running maximum's start: below every finite score, so ``exp(start - max)`` is 0.
+_LOWEST = -3.0e38
+#: Function attributes: the knobs in words, and the FLOPs of one call (profile report).
+ATTENTION_ATTR = "hybrid.attention"
+FLOPS_ATTR = "hybrid.flops"
+
+
+def fast_exp(x):
+    """``exp(x)`` as TVM's ``topi.fast_exp`` computes it (vectorisable; NaN kept)."""
+    p = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
+         1.6666665459e-1, 5.0000001201e-1)
+    xc = T.max(T.min(x, T.float32(88.3762626647950)), T.float32(-88.3762626647949))
+    n = T.floor(xc * T.float32(math.log2(math.e)) + T.float32(0.5))
+    f = xc - n * T.float32(math.log(2.0))
+    y = T.float32(p[0])
+    for c in p[1:]:
+        y = y * f + T.float32(c)
+    y = y * f * f + f + T.float32(1.0)
+    scale = T.reinterpret("float32", T.shift_left(T.Cast("int32", n + T.float32(127.0)), 23))
+    return T.max(scale * y, x)
+
+
+def _mask_offset(shape: AttentionShape, b, h, q, k):
+    """The flat offset of the mask's element broadcast to ``(b, h, q, k)``."""
+    dims = (1,) * (4 - len(shape.mask_shape)) + tuple(shape.mask_shape)
+    index, offset = (b, h, q, k), 0
+    stride = 1
+    for axis in range(3, -1, -1):
+        if dims[axis] != 1:
+            offset = offset + index[axis] * stride
+        stride *= dims[axis]
+    return offset
+
+
+def attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.PrimFunc:
+    """The fused attention PrimFunc of ``shape`` with ``knobs`` (module docstring).
+
+    Parameters: ``Q``, ``K``, ``V``, the mask when ``shape`` has one, then the output.
+    """
+    qk, pv = knobs.qk, knobs.pv
+    lanes = qk.lanes
+    q_len, kv_len, d = shape.q_len, shape.kv_len, shape.head_dim
+    bq, bk, heads = knobs.q_block, knobs.k_block, shape.heads
+    q_blocks = -(-q_len // bq)
+    full_blocks, tail = divmod(kv_len, bk)
+    tail_rows = -(-tail // qk.mr) * qk.mr
+    tasks = shape.batch * heads * q_blocks
+    scale = T.float32(shape.scale if shape.scale is not None else 1.0)
+    k_row, k_col = row_strides(shape.k_layout, shape, kv_len)
+    v_row, _ = row_strides(shape.v_layout, shape, kv_len)
+    sizes = {"q": q_len, "k": kv_len, "v": kv_len, "o": q_len}
+    layouts = {"q": shape.q_layout, "k": shape.k_layout, "v": shape.v_layout,
+               "o": shape.out_layout}
+    numel = {n: math.prod(shape.tensor_shape(layouts[n], sizes[n])) for n in layouts}
+
+    def at(name, b, h, row, col):
+        return element_offset(layouts[name], shape, sizes[name], b, h, row, col)
+
+    def mask_value(Mf, b, h, q, k):
+        if shape.mask_shape is None:
+            return T.float32(0)
+        return Mf[_mask_offset(shape, b, h, q, k)]
+
+    qk_tile = {kc: broadcast_fma(qk, kc) for kc in (d,)}
+    pv_tile = {kc: broadcast_fma(pv, kc) for kc in {bk, tail} if kc}
+    qk_vectors, pv_vectors = qk.nr // lanes, pv.nr // lanes
+
+    @T.macro
+    def key_block(Qf, Kf, Vf, Mf, QT, ST, KP, Ob, mx, ls, mb, b, h, q0, k0, keys, padded):
+        rows = T.meta_var(tail_rows if padded else keys)
+        for i in T.vectorized(bq):
+            mb[i] = mx[i]
+        if padded:
+            # The last, shorter key block: its keys zero-padded to whole qk tiles.
+            for j, c in T.grid(tail_rows, d):
+                KP[j, c] = T.if_then_else(
+                    j < keys, Kf[at("k", b, h, T.min(k0 + j, kv_len - 1), c)], T.float32(0))
+        for jt in range(rows // qk.mr):
+            acc = T.alloc_buffer((qk.mr, qk.nr), "float32")
+            for j in T.unroll(qk.mr):
+                for v in T.unroll(qk_vectors):
+                    acc[j, T.ramp(v * lanes, 1, lanes)] = T.broadcast(T.float32(0), lanes)
+            if padded:
+                kv = T.decl_buffer((qk.mr, d), "float32", data=KP.data,
+                                   elem_offset=jt * qk.mr * d, strides=[d, 1])
+                qk_tile[d](kv, QT, acc)
+            else:
+                kv = T.decl_buffer((qk.mr, d), "float32", data=Kf.data,
+                                   elem_offset=at("k", b, h, k0 + jt * qk.mr, 0),
+                                   strides=[k_row, k_col])
+                qk_tile[d](kv, QT, acc)
+            for j in T.unroll(qk.mr):
+                for i in T.vectorized(bq):
+                    ST[jt * qk.mr + j, i] = T.if_then_else(
+                        jt * qk.mr + j < keys,
+                        acc[j, i] * scale + mask_value(
+                            Mf, b, h, T.min(q0 + i, q_len - 1),
+                            T.min(k0 + jt * qk.mr + j, kv_len - 1)),
+                        T.float32(_LOWEST))
+                    mb[i] = T.max(mb[i], ST[jt * qk.mr + j, i])
+        alpha = T.alloc_buffer((bq,), "float32")
+        for i in T.vectorized(bq):
+            alpha[i] = fast_exp(mx[i] - mb[i])
+            mx[i] = mb[i]
+            ls[i] = ls[i] * alpha[i]
+        for j in range(keys):
+            for i in T.vectorized(bq):
+                ST[j, i] = fast_exp(ST[j, i] - mb[i])
+                ls[i] = ls[i] + ST[j, i]
+        for i in range(bq):
+            for c in T.vectorized(d):
+                Ob[i, c] = Ob[i, c] * alpha[i]
+        for it, ct in T.grid(bq // pv.mr, d // pv.nr):
+            acc = T.alloc_buffer((pv.mr, pv.nr), "float32")
+            for i in T.unroll(pv.mr):
+                for v in T.unroll(pv_vectors):
+                    acc[i, T.ramp(v * lanes, 1, lanes)] = Ob[
+                        it * pv.mr + i, T.ramp(ct * pv.nr + v * lanes, 1, lanes)]
+            probs = T.decl_buffer((pv.mr, keys), "float32", data=ST.data,
+                                  elem_offset=it * pv.mr, strides=[1, bq])
+            values = T.decl_buffer((keys, pv.nr), "float32", data=Vf.data,
+                                   elem_offset=at("v", b, h, k0, ct * pv.nr),
+                                   strides=[v_row, 1])
+            pv_tile[keys](probs, values, acc)
+            for i in T.unroll(pv.mr):
+                for v in T.unroll(pv_vectors):
+                    Ob[it * pv.mr + i, T.ramp(ct * pv.nr + v * lanes, 1, lanes)] = acc[
+                        i, T.ramp(v * lanes, 1, lanes)]
+
+    @T.macro
+    def body(Qf, Kf, Vf, Mf, Of):
+        for t in T.parallel(tasks):
+            QT = T.alloc_buffer((d, bq), "float32")
+            ST = T.alloc_buffer((bk, bq), "float32")
+            KP = T.alloc_buffer((max(tail_rows, 1), d), "float32")
+            Ob = T.alloc_buffer((bq, d), "float32")
+            mx = T.alloc_buffer((bq,), "float32")
+            ls = T.alloc_buffer((bq,), "float32")
+            mb = T.alloc_buffer((bq,), "float32")
+            b = T.meta_var(t // (heads * q_blocks))
+            h = T.meta_var(t // q_blocks % heads)
+            q0 = T.meta_var(t % q_blocks * bq)
+            for i in T.vectorized(bq):
+                mx[i] = T.float32(_LOWEST)
+                ls[i] = T.float32(0)
+            for i in range(bq):
+                for c in T.vectorized(d):
+                    Ob[i, c] = T.float32(0)
+            for i, c in T.grid(bq, d):
+                QT[c, i] = T.if_then_else(
+                    q0 + i < q_len, Qf[at("q", b, h, T.min(q0 + i, q_len - 1), c)],
+                    T.float32(0))
+            for kb in range(full_blocks):
+                key_block(Qf, Kf, Vf, Mf, QT, ST, KP, Ob, mx, ls, mb, b, h, q0, kb * bk, bk,
+                          False)
+            if tail > 0:
+                key_block(Qf, Kf, Vf, Mf, QT, ST, KP, Ob, mx, ls, mb, b, h, q0,
+                          full_blocks * bk, tail, True)
+            for i in range(bq):
+                if q0 + i < q_len:
+                    for c in T.vectorized(d):
+                        Of[at("o", b, h, q0 + i, c)] = Ob[i, c] / ls[i]
+
+    attrs = {"tirx.noalias": True, "tirx.is_scheduled": True, "op_pattern": 8,
+             ATTENTION_ATTR: knobs.describe(), FLOPS_ATTR: shape.flops}
+    q_shape, k_shape, v_shape, o_shape = (
+        shape.tensor_shape(layouts[n], sizes[n]) for n in ("q", "k", "v", "o"))
+    if shape.mask_shape is not None:
+        m_shape, m_numel = tuple(shape.mask_shape), math.prod(shape.mask_shape)
+
+        @T.prim_func(private=True)
+        def masked(Q: T.Buffer(q_shape, "float32"), K: T.Buffer(k_shape, "float32"),
+                   V: T.Buffer(v_shape, "float32"), M: T.Buffer(m_shape, "float32"),
+                   Out: T.Buffer(o_shape, "float32")):
+            T.func_attr(attrs)
+            Qf = T.decl_buffer((numel["q"],), "float32", data=Q.data)
+            Kf = T.decl_buffer((numel["k"],), "float32", data=K.data)
+            Vf = T.decl_buffer((numel["v"],), "float32", data=V.data)
+            Mf = T.decl_buffer((m_numel,), "float32", data=M.data)
+            Of = T.decl_buffer((numel["o"],), "float32", data=Out.data)
+            body(Qf, Kf, Vf, Mf, Of)
+
+        return masked
+
+    @T.prim_func(private=True)
+    def unmasked(Q: T.Buffer(q_shape, "float32"), K: T.Buffer(k_shape, "float32"),
+                 V: T.Buffer(v_shape, "float32"), Out: T.Buffer(o_shape, "float32")):
+        T.func_attr(attrs)
+        Qf = T.decl_buffer((numel["q"],), "float32", data=Q.data)
+        Kf = T.decl_buffer((numel["k"],), "float32", data=K.data)
+        Vf = T.decl_buffer((numel["v"],), "float32", data=V.data)
+        Of = T.decl_buffer((numel["o"],), "float32", data=Out.data)
+        body(Qf, Kf, Vf, None, Of)
+
+    return unmasked

@@ -1,0 +1,102 @@
+"""What one fused attention computes: shapes, operand layouts, mask and scale.
+
+``out[b, h, i] = sum_j softmax_j(scale * Q[b, h, i] . K[b, h, j] + mask[b, h, i, j]) V[b, h, j]``
+
+The operands are read where the graph left them: the head split of BERT/ViT exports
+(``reshape`` to ``[b, s, h, d]`` then ``permute_dims`` to ``[b, h, s, d]``) is not copied, the
+kernel reads the ``[b, s, h, d]`` tensor; ``K`` may also come transposed (``[b, h, d, s]``); the
+output may be written in the ``[b, s, h, d]`` order the head merge wants. A layout is one of
+
+========  ===================  =======================================================
+layout    tensor shape         element ``(b, h, row, col)`` at
+========  ===================  =======================================================
+``bhsd``  ``[b, h, s, d]``     ``((b * h_ + h) * s_ + row) * d_ + col``
+``bshd``  ``[b, s, h, d]``     ``((b * s_ + row) * h_ + h) * d_ + col``
+``bhds``  ``[b, h, d, s]``     ``((b * h_ + h) * d_ + col) * s_ + row`` (``K`` only)
+========  ===================  =======================================================
+
+(``row`` is a token, ``col`` a head channel.) A rank-3 ``[n, s, d]`` operand is ``bhsd`` with
+one head.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+LAYOUTS = ("bhsd", "bshd", "bhds")
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionShape:
+    """One fused attention.
+
+    Attributes
+    ----------
+    batch, heads, q_len, kv_len, head_dim
+        The problem: ``batch x heads`` independent attentions of ``q_len`` queries over
+        ``kv_len`` keys of ``head_dim`` channels (values have ``head_dim`` channels too).
+    q_layout, k_layout, v_layout, out_layout
+        How each tensor is laid out (module docstring).
+    rank
+        The rank of the graph's tensors (4, or 3 for ``[n, s, d]``).
+    mask_shape
+        The additive mask's shape (broadcasting to ``[batch, heads, q_len, kv_len]``), or None.
+    scale
+        The factor on ``Q . K`` (``1 / sqrt(d)`` in BERT), or None.
+    """
+
+    batch: int
+    heads: int
+    q_len: int
+    kv_len: int
+    head_dim: int
+    q_layout: str = "bhsd"
+    k_layout: str = "bhsd"
+    v_layout: str = "bhsd"
+    out_layout: str = "bhsd"
+    rank: int = 4
+    mask_shape: tuple[int, ...] | None = None
+    scale: float | None = None
+
+    def __post_init__(self):
+        for name in ("q_layout", "k_layout", "v_layout", "out_layout"):
+            layout = getattr(self, name)
+            if layout not in LAYOUTS or (layout == "bhds" and name != "k_layout"):
+                raise ValueError(f"{name} {layout!r} is not a layout attention reads")
+
+    @property
+    def flops(self) -> float:
+        """Multiply-adds of both products, times two."""
+        return 4.0 * self.batch * self.heads * self.q_len * self.kv_len * self.head_dim
+
+    def tensor_shape(self, layout: str, rows: int) -> tuple[int, ...]:
+        """The shape of an operand of ``rows`` tokens in ``layout``."""
+        b, h, d = self.batch, self.heads, self.head_dim
+        if self.rank == 3:
+            return (b, d, rows) if layout == "bhds" else (b, rows, d)
+        return {"bhsd": (b, h, rows, d), "bshd": (b, rows, h, d), "bhds": (b, h, d, rows)}[layout]
+
+    def describe(self) -> str:
+        mask = "no mask" if self.mask_shape is None else f"mask {list(self.mask_shape)}"
+        return (f"attention b{self.batch} h{self.heads} q{self.q_len} kv{self.kv_len} "
+                f"d{self.head_dim} (Q {self.q_layout}, K {self.k_layout}, V {self.v_layout}, "
+                f"out {self.out_layout}, {mask})")
+
+
+def element_offset(layout: str, shape: AttentionShape, rows: int, b, h, row, col):
+    """The flat offset of element ``(b, h, row, col)`` of an operand of ``rows`` tokens."""
+    heads, d = shape.heads, shape.head_dim
+    if layout == "bhsd":
+        return ((b * heads + h) * rows + row) * d + col
+    if layout == "bshd":
+        return ((b * rows + row) * heads + h) * d + col
+    return ((b * heads + h) * d + col) * rows + row
+
+
+def row_strides(layout: str, shape: AttentionShape, rows: int) -> tuple[int, int]:
+    """``(token stride, channel stride)`` of an operand of ``rows`` tokens in ``layout``."""
+    if layout == "bhsd":
+        return shape.head_dim, 1
+    if layout == "bshd":
+        return shape.heads * shape.head_dim, 1
+    return 1, rows
