@@ -62,7 +62,7 @@ def _to_layout(a, layout):
                                  "bhds": a.transpose(0, 1, 3, 2)}[layout])
 
 
-def _run_kernel(shape: AttentionShape, target, mask):
+def _run_kernel(shape: AttentionShape, target, mask, cond=None):
     knobs = choose_knobs(target, shape)
     assert knobs is not None, shape.describe()
     func = attention_kernel(shape, knobs).with_attr("global_symbol", "attention")
@@ -74,14 +74,29 @@ def _run_kernel(shape: AttentionShape, target, mask):
             _to_layout(v, shape.v_layout)]
     if mask is not None:
         args.append(mask)
+    if cond is not None:
+        args.append(cond)
     out = np.full(shape.tensor_shape(shape.out_layout, shape.q_len), np.nan, "float32")
     tensors = [tvm.runtime.tensor(a) for a in [*args, out]]
     ex["attention"](*tensors)
     got = tensors[-1].numpy()
     if shape.out_layout == "bshd":
         got = got.transpose(0, 2, 1, 3)
-    want = _reference(q, k, v, mask, shape.scale or 1.0)
-    return got, want, ex
+    if cond is not None:  # where(cond, scores, fill) before the additive mask
+        keep = cond if shape.keep_if else ~cond
+        return got, _reference_where(q, k, v, keep, shape.fill, mask, shape.scale or 1.0), ex
+    return got, _reference(q, k, v, mask, shape.scale or 1.0), ex
+
+
+def _reference_where(q, k, v, keep, fill, mask, scale):
+    s = np.einsum("...id,...jd->...ij", q.astype(np.float64), k.astype(np.float64)) * scale
+    s = np.where(keep, s, fill)
+    if mask is not None:
+        s = s + mask
+    s = s - s.max(-1, keepdims=True)
+    p = np.exp(s)
+    p /= p.sum(-1, keepdims=True)
+    return p @ v.astype(np.float64)
 
 
 CASES = [
@@ -108,6 +123,20 @@ def test_fused_attention_kernel_matches_numpy(case, target):
     shape = AttentionShape(batch, heads, q_len, kv_len, d, *layouts, mask_shape=mask_shape,
                            scale=1 / math.sqrt(d))
     got, want, _ = _run_kernel(shape, target or host_target(), mask)
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("keep_if", [True, False])
+def test_boolean_and_additive_masks(keep_if):
+    """``where(cond, scores, fill)`` (either way round) then an additive padding mask."""
+    q_len = kv_len = 70
+    causal = np.tril(np.ones((q_len, kv_len), bool))[None, None]
+    cond = causal if keep_if else ~causal
+    mask = _padding_mask(2, kv_len)
+    shape = AttentionShape(2, 2, q_len, kv_len, 32, mask_shape=mask.shape, scale=0.2,
+                           cond_shape=cond.shape, fill=-np.inf, keep_if=keep_if)
+    got, want, _ = _run_kernel(shape, HASWELL, mask, cond)
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
 
@@ -241,6 +270,46 @@ def _softmax_attention_rank3(n=6, seq=45, d=32) -> onnx.ModelProto:
         initializer=[helper.make_tensor("scale", TensorProto.FLOAT, [],
                                         [1 / math.sqrt(d)])])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _gpt_attention(batch=2, heads=2, seq=37, d=32) -> onnx.ModelProto:
+    """GPT-2 style: Q and K^T each scaled by d**-0.25 (PyTorch's SDPA export), a causal
+    ``Where`` with -inf, then an additive padding mask."""
+    root = np.array(d ** -0.25, "float32")
+    nodes = [
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("Mul", ["q", "root"], ["qs"]),
+        helper.make_node("Mul", ["kt", "root"], ["kts"]),
+        helper.make_node("MatMul", ["qs", "kts"], ["s"]),
+        helper.make_node("Where", ["causal", "s", "neg_inf"], ["sc"]),
+        helper.make_node("Add", ["sc", "mask"], ["sm"]),
+        helper.make_node("Softmax", ["sm"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["out"]),
+    ]
+    shape = [batch, heads, seq, d]
+    value = lambda n, s, t=TensorProto.FLOAT: helper.make_tensor_value_info(n, t, s)  # noqa: E731
+    graph = helper.make_graph(
+        nodes, "gpt_attention",
+        [value("q", shape), value("k", shape), value("v", shape),
+         value("causal", [1, 1, seq, seq], TensorProto.BOOL), value("mask", [batch, 1, 1, seq])],
+        [value("out", shape)],
+        initializer=[helper.make_tensor("root", TensorProto.FLOAT, [], [float(root)]),
+                     helper.make_tensor("neg_inf", TensorProto.FLOAT, [], [-np.inf])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_gpt_style_attention_with_causal_where_and_operand_scales():
+    model = _gpt_attention()
+    inputs = {n: RNG.standard_normal((2, 2, 37, 32)).astype("float32") for n in "qkv"}
+    inputs["causal"] = np.tril(np.ones((37, 37), bool))[None, None]
+    inputs["mask"] = _padding_mask(2, 37)
+    compiled = tvm_hybrid.compile(model)
+    names = compiled.kernel_names()
+    assert [n for n in names if n.startswith(FUSED_ATTENTION)] == [FUSED_ATTENTION], names
+    assert not any("softmax" in n or "where" in n for n in names), names
+    want = _onnxruntime(model, inputs)
+    got = np.asarray(compiled(**inputs))
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
 
 
 def _onnxruntime(model, inputs):

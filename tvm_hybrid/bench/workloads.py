@@ -252,7 +252,8 @@ def attention(batch: int, seq: int, *, heads: int = 12, head_dim: int = 64,
     inputs = {n: rng.standard_normal(shape).astype("float32") for n in ("q", "k", "v")}
     inputs["mask"] = _attention_mask(rng, batch, seq)
     flops = 4.0 * batch * heads * seq * seq * head_dim
-    return Workload(f"mha_b{batch}_s{seq}", proto, inputs, flops)
+    suffix = "" if heads == 12 else f"_h{heads}"
+    return Workload(f"mha_b{batch}_s{seq}{suffix}", proto, inputs, flops)
 
 
 def bert_layer(batch: int, seq: int, *, hidden: int = 768, heads: int = 12, ffn: int = 3072,
@@ -337,6 +338,7 @@ def paper_workloads(quick: bool = False) -> list[Workload]:
         out.append(mlp(batch, (479, 1024, 1024, 512, 256, 1), final="Sigmoid", name="mlp2"))
     for batch, seq in ((1, 128), (1, 384), (32, 128), (32, 384)):
         out.append(attention(batch, seq))
+    out.append(attention(8, 512, heads=16))  # BERT-large heads, a long sequence
     for batch in (1, 8):
         out.append(bert_layer(batch, 128))
     return out

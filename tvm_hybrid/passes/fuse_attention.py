@@ -1,22 +1,26 @@
 """``FuseAttention``: scaled dot-product attention subgraphs to one fused kernel each.
 
-Matches the form BERT/ViT/GPT exports produce::
+Matches the forms BERT/ViT/GPT exports produce::
 
-    P   = softmax(Q @ KT [/ c | * c] [+ mask], axis=-1)       # scores never stored whole
+    S   = [scale *] (Q [* c1]) @ (KT [* c2])                  # scores never stored whole
+    S   = [where(cond, S, fill) | where(cond, fill, S)]       # boolean (causal) mask
+    P   = softmax(S [+ mask], axis=-1)                        # additive (padding) mask
     out = P @ V                                               # [b, h, sq, d] (or [n, s, d])
 
 with the head split around it: ``Q`` and ``V`` may be ``permute_dims(x, [0, 2, 1, 3])`` of a
 ``[b, s, h, d]`` tensor, ``KT`` ``permute_dims(K, [0, 1, 3, 2])`` (``K`` itself such a
 permutation) or ``permute_dims(x, [0, 2, 3, 1])``, and a single-use
 ``permute_dims(out, [0, 2, 1, 3])`` after it (the head merge) is folded into the kernel's
-output. The permutations are read through, not copied. The scale is a scalar constant, the
-mask an fp32 tensor broadcasting to the scores (additive: padding masks, causal masks built in
-the graph). The subgraph becomes a ``call_tir`` of the kernel of
-``schedules/attention`` (knobs from its heuristic); identical attentions share one kernel.
+output. The permutations are read through, not copied. Scales are scalar constants (``/ c``
+or ``* c`` on the scores, ``* c`` on each operand as PyTorch's ``scaled_dot_product_attention``
+exports it); the additive mask is an fp32 tensor and the boolean mask a bool tensor, each
+broadcasting to the scores, the boolean one applied first, exactly as the graph orders them.
+The subgraph becomes a ``call_tir`` of the kernel of ``schedules/attention`` (knobs from its
+heuristic); identical attentions share one kernel.
 
-Declined, left to the per-op kernels: other dtypes, dynamic shapes, a head dimension that is
-not a whole number of vectors, intermediate values used elsewhere, boolean masks.
-"""
+Declined, left to the per-op kernels: other dtypes (int8 QDQ attention), dynamic shapes, a
+head dimension that is not a whole number of vectors, intermediate values used elsewhere, a
+boolean mask applied after the additive one."""
 
 from __future__ import annotations
 
@@ -44,9 +48,9 @@ logger = logging.getLogger(__name__)
 FUSED_ATTENTION = "hybrid_attention"
 
 
-def _shape(expr: relax.Expr) -> tuple[int, ...] | None:
+def _shape(expr: relax.Expr, dtype: str = "float32") -> tuple[int, ...] | None:
     ty = getattr(expr, "ty", None)
-    if not isinstance(ty, relax.TensorType) or ty.shape is None or str(ty.dtype) != "float32":
+    if not isinstance(ty, relax.TensorType) or ty.shape is None or str(ty.dtype) != dtype:
         return None
     dims = ty.shape.values
     if not all(isinstance(d, IntImm) for d in dims):
@@ -124,12 +128,21 @@ class _Fuser(TargetMutator):
             return None
         # Each intermediate value (scores, scaled, masked) read by the next step only.
         scores, mask = self._unmask(probs.args[0])
+        scores, cond = self._unwhere(scores)
         product_var, scale = self._unscale(scores)
         product = bound_value(self, product_var)
-        chain = {probs.args[0], scores, product_var}
+        chain = [probs.args[0], scores, product_var]
         if not (is_op(product, "relax.matmul") and all(self._single(v) for v in chain)):
             return None
         q, kt = product.args
+        # Scales applied to the operands (PyTorch's scaled_dot_product_attention export
+        # multiplies Q and K^T by sqrt(scale) each) join the scores' scale.
+        for operand in (q, kt):
+            source, factor = self._scaled_operand(operand)
+            if factor is not None:
+                chain.append(operand)
+                scale = (1.0 if scale is None else scale) * factor
+        q, kt = (self._scaled_operand(x)[0] for x in (q, kt))
         shapes = [_shape(x) for x in (q, kt, v)]
         if any(s is None or len(s) != rank for s in shapes):
             return None
@@ -141,14 +154,18 @@ class _Fuser(TargetMutator):
         k_src, k_layout = self._keys(kt, rank)
         v_src, v_layout = self._split_heads(v, rank)
         operands = [q_src, k_src, v_src]
-        mask_shape = None
-        if mask is not None:
-            mask_shape, mask_expr = self._mask(mask, rank, (*lead, q_len, kv_len))
-            if mask_shape is None:
+        masks = {}
+        for name, given, dtype in (("mask", mask, "float32"), ("cond", cond and cond[0], "bool")):
+            if given is None:
+                continue
+            masks[name], expr = self._mask(given, rank, (*lead, q_len, kv_len), dtype)
+            if masks[name] is None:
                 return None
-            operands.append(mask_expr)
+            operands.append(expr)
+        fill, keep_if = (cond[1], cond[2]) if cond is not None else (0.0, True)
         shape = AttentionShape(batch, heads, q_len, kv_len, d, q_layout, k_layout, v_layout,
-                               "bhsd", rank, mask_shape, scale)
+                               "bhsd", rank, masks.get("mask"), scale, masks.get("cond"),
+                               fill, keep_if)
         absorbed = [probs_var, *chain]
         for start, source in ((q, q_src), (kt, k_src), (v, v_src)):
             absorbed += self._read_through(start, source)
@@ -181,9 +198,35 @@ class _Fuser(TargetMutator):
         node = bound_value(self, expr)
         if is_op(node, "relax.add"):
             for scores, mask in (node.args, node.args[::-1]):
-                inner = bound_value(self, scores)
-                if is_op(inner, "relax.matmul") or self._unscale(scores)[1] is not None:
+                inner = self._unscale(self._unwhere(scores)[0])[0]
+                if is_op(bound_value(self, inner), "relax.matmul"):
                     return scores, mask
+        return expr, None
+
+    def _unwhere(self, expr: relax.Expr):
+        """``(scores, (cond, fill, keep_if))`` for ``where(cond, scores, fill)`` or
+        ``where(cond, fill, scores)`` with a scalar constant ``fill`` (``-inf``: GPT's causal
+        mask); ``(expr, None)`` otherwise."""
+        node = bound_value(self, expr)
+        if not is_op(node, "relax.where") or not self._single(expr):
+            return expr, None
+        cond, a, b = node.args
+        for scores, other, keep_if in ((a, b, True), (b, a, False)):
+            fill = constant_value(self, other)
+            if fill is None or fill.size != 1:
+                continue
+            if is_op(bound_value(self, self._unscale(scores)[0]), "relax.matmul"):
+                return scores, (cond, float(fill.reshape(())), keep_if)
+        return expr, None
+
+    def _scaled_operand(self, expr: relax.Expr):
+        """``(x, c)`` for a single-use ``x * c`` (``c`` a scalar constant); ``(expr, None)``."""
+        node = bound_value(self, expr)
+        if is_op(node, "relax.multiply") and self._single(expr):
+            for x, factor in (node.args, node.args[::-1]):
+                value = constant_value(self, factor)
+                if value is not None and value.size == 1 and _shape(x) == _shape(expr):
+                    return x, float(value.reshape(()))
         return expr, None
 
     def _unscale(self, expr: relax.Expr):
@@ -223,16 +266,16 @@ class _Fuser(TargetMutator):
                 return node.args[0], "bshd"
         return kt, "bhds"
 
-    def _mask(self, mask: relax.Expr, rank: int, scores: tuple[int, ...]):
+    def _mask(self, mask: relax.Expr, rank: int, scores: tuple[int, ...], dtype: str):
         """The mask's 4-d broadcast shape and the mask reshaped to it, or ``(None, None)``."""
-        shape = _shape(mask)
+        shape = _shape(mask, dtype)
         if shape is None or len(shape) > rank:
             return None, None
         shape = (1,) * (rank - len(shape)) + shape
         if any(m not in (1, s) for m, s in zip(shape, scores)):
             return None, None
         four = shape if rank == 4 else (shape[0], 1, *shape[1:])
-        if four != _shape(mask):
+        if four != _shape(mask, dtype):
             mask = self.builder_.emit(relax.op.reshape(mask, list(four)))
         return four, mask
 

@@ -58,9 +58,9 @@ def fast_exp(x):
     return T.max(scale * y, x)
 
 
-def _mask_offset(shape: AttentionShape, b, h, q, k):
-    """The flat offset of the mask's element broadcast to ``(b, h, q, k)``."""
-    dims = (1,) * (4 - len(shape.mask_shape)) + tuple(shape.mask_shape)
+def _mask_offset(mask_shape: tuple[int, ...], b, h, q, k):
+    """The flat offset of a mask's element broadcast to ``(b, h, q, k)``."""
+    dims = (1,) * (4 - len(mask_shape)) + tuple(mask_shape)
     index, offset = (b, h, q, k), 0
     stride = 1
     for axis in range(3, -1, -1):
@@ -73,7 +73,8 @@ def _mask_offset(shape: AttentionShape, b, h, q, k):
 def attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.PrimFunc:
     """The fused attention PrimFunc of ``shape`` with ``knobs`` (module docstring).
 
-    Parameters: ``Q``, ``K``, ``V``, the mask when ``shape`` has one, then the output.
+    Parameters: ``Q``, ``K``, ``V``, the additive mask and the boolean mask when ``shape`` has
+    them, then the output.
     """
     qk, pv = knobs.qk, knobs.pv
     lanes = qk.lanes
@@ -94,17 +95,23 @@ def attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.PrimF
     def at(name, b, h, row, col):
         return element_offset(layouts[name], shape, sizes[name], b, h, row, col)
 
-    def mask_value(Mf, b, h, q, k):
-        if shape.mask_shape is None:
-            return T.float32(0)
-        return Mf[_mask_offset(shape, b, h, q, k)]
+    def masked(value, Mf, Cf, b, h, q, k):
+        """A score after the boolean mask, then the additive mask."""
+        if shape.cond_shape is not None:
+            keep = Cf[_mask_offset(shape.cond_shape, b, h, q, k)]
+            fill = T.float32(shape.fill)
+            value = T.if_then_else(keep, value, fill) if shape.keep_if else \
+                T.if_then_else(keep, fill, value)
+        if shape.mask_shape is not None:
+            value = value + Mf[_mask_offset(shape.mask_shape, b, h, q, k)]
+        return value
 
     qk_tile = {kc: broadcast_fma(qk, kc) for kc in (d,)}
     pv_tile = {kc: broadcast_fma(pv, kc) for kc in {bk, tail} if kc}
     qk_vectors, pv_vectors = qk.nr // lanes, pv.nr // lanes
 
     @T.macro
-    def key_block(Qf, Kf, Vf, Mf, QT, ST, KP, Ob, mx, ls, mb, b, h, q0, k0, keys, padded):
+    def key_block(Qf, Kf, Vf, Mf, Cf, QT, ST, KP, Ob, mx, ls, mb, b, h, q0, k0, keys, padded):
         rows = T.meta_var(tail_rows if padded else keys)
         for i in T.vectorized(bq):
             mb[i] = mx[i]
@@ -131,9 +138,8 @@ def attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.PrimF
                 for i in T.vectorized(bq):
                     ST[jt * qk.mr + j, i] = T.if_then_else(
                         jt * qk.mr + j < keys,
-                        acc[j, i] * scale + mask_value(
-                            Mf, b, h, T.min(q0 + i, q_len - 1),
-                            T.min(k0 + jt * qk.mr + j, kv_len - 1)),
+                        masked(acc[j, i] * scale, Mf, Cf, b, h, T.min(q0 + i, q_len - 1),
+                               T.min(k0 + jt * qk.mr + j, kv_len - 1)),
                         T.float32(_LOWEST))
                     mb[i] = T.max(mb[i], ST[jt * qk.mr + j, i])
         alpha = T.alloc_buffer((bq,), "float32")
@@ -166,7 +172,7 @@ def attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.PrimF
                         i, T.ramp(v * lanes, 1, lanes)]
 
     @T.macro
-    def body(Qf, Kf, Vf, Mf, Of):
+    def body(Qf, Kf, Vf, Mf, Cf, Of):
         for t in T.parallel(tasks):
             QT = T.alloc_buffer((d, bq), "float32")
             ST = T.alloc_buffer((bk, bq), "float32")
@@ -189,10 +195,10 @@ def attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.PrimF
                     q0 + i < q_len, Qf[at("q", b, h, T.min(q0 + i, q_len - 1), c)],
                     T.float32(0))
             for kb in range(full_blocks):
-                key_block(Qf, Kf, Vf, Mf, QT, ST, KP, Ob, mx, ls, mb, b, h, q0, kb * bk, bk,
-                          False)
+                key_block(Qf, Kf, Vf, Mf, Cf, QT, ST, KP, Ob, mx, ls, mb, b, h, q0, kb * bk,
+                          bk, False)
             if tail > 0:
-                key_block(Qf, Kf, Vf, Mf, QT, ST, KP, Ob, mx, ls, mb, b, h, q0,
+                key_block(Qf, Kf, Vf, Mf, Cf, QT, ST, KP, Ob, mx, ls, mb, b, h, q0,
                           full_blocks * bk, tail, True)
             for i in range(bq):
                 if q0 + i < q_len:
@@ -203,31 +209,73 @@ def attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.PrimF
              ATTENTION_ATTR: knobs.describe(), FLOPS_ATTR: shape.flops}
     q_shape, k_shape, v_shape, o_shape = (
         shape.tensor_shape(layouts[n], sizes[n]) for n in ("q", "k", "v", "o"))
-    if shape.mask_shape is not None:
-        m_shape, m_numel = tuple(shape.mask_shape), math.prod(shape.mask_shape)
+    m_shape = tuple(shape.mask_shape or (1,))
+    c_shape = tuple(shape.cond_shape or (1,))
+    m_numel, c_numel = math.prod(m_shape), math.prod(c_shape)
 
+    # One signature per combination of masks (absent ones are not parameters).
+    has = (shape.mask_shape is not None, shape.cond_shape is not None)
+    if has == (False, False):
         @T.prim_func(private=True)
-        def masked(Q: T.Buffer(q_shape, "float32"), K: T.Buffer(k_shape, "float32"),
-                   V: T.Buffer(v_shape, "float32"), M: T.Buffer(m_shape, "float32"),
-                   Out: T.Buffer(o_shape, "float32")):
+        def plain(
+                Q: T.Buffer(q_shape, "float32"),
+                K: T.Buffer(k_shape, "float32"),
+                V: T.Buffer(v_shape, "float32"),
+                Out: T.Buffer(o_shape, "float32")):
+            T.func_attr(attrs)
+            Qf = T.decl_buffer((numel["q"],), "float32", data=Q.data)
+            Kf = T.decl_buffer((numel["k"],), "float32", data=K.data)
+            Vf = T.decl_buffer((numel["v"],), "float32", data=V.data)
+            Of = T.decl_buffer((numel["o"],), "float32", data=Out.data)
+            body(Qf, Kf, Vf, None, None, Of)
+        return plain
+    elif has == (True, False):
+        @T.prim_func(private=True)
+        def additive(
+                Q: T.Buffer(q_shape, "float32"),
+                K: T.Buffer(k_shape, "float32"),
+                V: T.Buffer(v_shape, "float32"),
+                M: T.Buffer(m_shape, "float32"),
+                Out: T.Buffer(o_shape, "float32")):
             T.func_attr(attrs)
             Qf = T.decl_buffer((numel["q"],), "float32", data=Q.data)
             Kf = T.decl_buffer((numel["k"],), "float32", data=K.data)
             Vf = T.decl_buffer((numel["v"],), "float32", data=V.data)
             Mf = T.decl_buffer((m_numel,), "float32", data=M.data)
             Of = T.decl_buffer((numel["o"],), "float32", data=Out.data)
-            body(Qf, Kf, Vf, Mf, Of)
-
-        return masked
-
-    @T.prim_func(private=True)
-    def unmasked(Q: T.Buffer(q_shape, "float32"), K: T.Buffer(k_shape, "float32"),
-                 V: T.Buffer(v_shape, "float32"), Out: T.Buffer(o_shape, "float32")):
-        T.func_attr(attrs)
-        Qf = T.decl_buffer((numel["q"],), "float32", data=Q.data)
-        Kf = T.decl_buffer((numel["k"],), "float32", data=K.data)
-        Vf = T.decl_buffer((numel["v"],), "float32", data=V.data)
-        Of = T.decl_buffer((numel["o"],), "float32", data=Out.data)
-        body(Qf, Kf, Vf, None, Of)
-
-    return unmasked
+            body(Qf, Kf, Vf, Mf, None, Of)
+        return additive
+    elif has == (False, True):
+        @T.prim_func(private=True)
+        def boolean(
+                Q: T.Buffer(q_shape, "float32"),
+                K: T.Buffer(k_shape, "float32"),
+                V: T.Buffer(v_shape, "float32"),
+                C: T.Buffer(c_shape, "bool"),
+                Out: T.Buffer(o_shape, "float32")):
+            T.func_attr(attrs)
+            Qf = T.decl_buffer((numel["q"],), "float32", data=Q.data)
+            Kf = T.decl_buffer((numel["k"],), "float32", data=K.data)
+            Vf = T.decl_buffer((numel["v"],), "float32", data=V.data)
+            Cf = T.decl_buffer((c_numel,), "bool", data=C.data)
+            Of = T.decl_buffer((numel["o"],), "float32", data=Out.data)
+            body(Qf, Kf, Vf, None, Cf, Of)
+        return boolean
+    else:
+        @T.prim_func(private=True)
+        def both(
+                Q: T.Buffer(q_shape, "float32"),
+                K: T.Buffer(k_shape, "float32"),
+                V: T.Buffer(v_shape, "float32"),
+                M: T.Buffer(m_shape, "float32"),
+                C: T.Buffer(c_shape, "bool"),
+                Out: T.Buffer(o_shape, "float32")):
+            T.func_attr(attrs)
+            Qf = T.decl_buffer((numel["q"],), "float32", data=Q.data)
+            Kf = T.decl_buffer((numel["k"],), "float32", data=K.data)
+            Vf = T.decl_buffer((numel["v"],), "float32", data=V.data)
+            Mf = T.decl_buffer((m_numel,), "float32", data=M.data)
+            Cf = T.decl_buffer((c_numel,), "bool", data=C.data)
+            Of = T.decl_buffer((numel["o"],), "float32", data=Out.data)
+            body(Qf, Kf, Vf, Mf, Cf, Of)
+        return both

@@ -43,6 +43,10 @@ class AttentionShape:
         The additive mask's shape (broadcasting to ``[batch, heads, q_len, kv_len]``), or None.
     scale
         The factor on ``Q . K`` (``1 / sqrt(d)`` in BERT), or None.
+    cond_shape, fill, keep_if
+        A boolean mask (``where(cond, scores, fill)``, GPT's causal mask): its 4-d shape, the
+        value of masked scores, and the ``cond`` value that keeps a score; applied before the
+        additive mask. ``cond_shape`` None: none.
     """
 
     batch: int
@@ -57,6 +61,9 @@ class AttentionShape:
     rank: int = 4
     mask_shape: tuple[int, ...] | None = None
     scale: float | None = None
+    cond_shape: tuple[int, ...] | None = None
+    fill: float = 0.0
+    keep_if: bool = True
 
     def __post_init__(self):
         for name in ("q_layout", "k_layout", "v_layout", "out_layout"):
@@ -78,6 +85,8 @@ class AttentionShape:
 
     def describe(self) -> str:
         mask = "no mask" if self.mask_shape is None else f"mask {list(self.mask_shape)}"
+        if self.cond_shape is not None:
+            mask += f", boolean mask {list(self.cond_shape)}"
         return (f"attention b{self.batch} h{self.heads} q{self.q_len} kv{self.kv_len} "
                 f"d{self.head_dim} (Q {self.q_layout}, K {self.k_layout}, V {self.v_layout}, "
                 f"out {self.out_layout}, {mask})")
