@@ -17,16 +17,17 @@ Scores are kept transposed (keys x queries) so that the row statistics of the so
 vector operations across queries, with no horizontal reductions, and ``K`` is the broadcast
 operand of its product (read where it lies, in any layout), ``V`` the vector operand of its
 own. Both products run the fp32 microkernel body of the registry
-(:func:`~tvm_hybrid.microkernels.tiles.broadcast_fma`) on views of the operands. Tails: the
-last key block is shorter (its keys are copied to a zero-padded block for ``K . Q^T`` and
-its padding scores are ``-inf``), the last query block reads clamped rows and writes only
-real ones.
+(:func:`~tvm_hybrid.microkernels.tiles.broadcast_fma`) on views of the operands. Tails: keys
+that do not fill a ``qk`` tile (and the last, shorter key block) run on a remainder tile of
+fewer rows, so nothing is padded or copied; the last query block reads clamped rows and
+writes only real ones.
 
 The exponential is TVM's ``fast_exp`` polynomial (relative error ~1e-7), vectorised.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from tvm import tirx
@@ -82,7 +83,6 @@ def attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.PrimF
     bq, bk, heads = knobs.q_block, knobs.k_block, shape.heads
     q_blocks = -(-q_len // bq)
     full_blocks, tail = divmod(kv_len, bk)
-    tail_rows = -(-tail // qk.mr) * qk.mr
     tasks = shape.batch * heads * q_blocks
     scale = T.float32(shape.scale if shape.scale is not None else 1.0)
     k_row, k_col = row_strides(shape.k_layout, shape, kv_len)
@@ -106,42 +106,37 @@ def attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.PrimF
             value = value + Mf[_mask_offset(shape.mask_shape, b, h, q, k)]
         return value
 
-    qk_tile = {kc: broadcast_fma(qk, kc) for kc in (d,)}
-    pv_tile = {kc: broadcast_fma(pv, kc) for kc in {bk, tail} if kc}
     qk_vectors, pv_vectors = qk.nr // lanes, pv.nr // lanes
+    pv_tile = {kc: broadcast_fma(pv, kc) for kc in {bk, tail} if kc}
 
     @T.macro
-    def key_block(Qf, Kf, Vf, Mf, Cf, QT, ST, KP, Ob, mx, ls, mb, b, h, q0, k0, keys, padded):
-        rows = T.meta_var(tail_rows if padded else keys)
-        for i in T.vectorized(bq):
-            mb[i] = mx[i]
-        if padded:
-            # The last, shorter key block: its keys zero-padded to whole qk tiles.
-            for j, c in T.grid(tail_rows, d):
-                KP[j, c] = T.if_then_else(
-                    j < keys, Kf[at("k", b, h, T.min(k0 + j, kv_len - 1), c)], T.float32(0))
-        for jt in range(rows // qk.mr):
-            acc = T.alloc_buffer((qk.mr, qk.nr), "float32")
-            for j in T.unroll(qk.mr):
+    def qk_tiles(Kf, Mf, Cf, QT, ST, mb, b, h, q0, k0, row0, rows, count):
+        """``count`` tiles of ``rows`` keys from key ``k0 + row0``: scores, masks, row max."""
+        tile = T.meta_var(broadcast_fma(dataclasses.replace(qk, mr=rows), d))
+        for jt in range(count):
+            acc = T.alloc_buffer((rows, qk.nr), "float32")
+            for j in T.unroll(rows):
                 for v in T.unroll(qk_vectors):
                     acc[j, T.ramp(v * lanes, 1, lanes)] = T.broadcast(T.float32(0), lanes)
-            if padded:
-                kv = T.decl_buffer((qk.mr, d), "float32", data=KP.data,
-                                   elem_offset=jt * qk.mr * d, strides=[d, 1])
-                qk_tile[d](kv, QT, acc)
-            else:
-                kv = T.decl_buffer((qk.mr, d), "float32", data=Kf.data,
-                                   elem_offset=at("k", b, h, k0 + jt * qk.mr, 0),
-                                   strides=[k_row, k_col])
-                qk_tile[d](kv, QT, acc)
-            for j in T.unroll(qk.mr):
+            keys_in = T.decl_buffer((rows, d), "float32", data=Kf.data,
+                                    elem_offset=at("k", b, h, k0 + row0 + jt * rows, 0),
+                                    strides=[k_row, k_col])
+            tile(keys_in, QT, acc)
+            for j in T.unroll(rows):
                 for i in T.vectorized(bq):
-                    ST[jt * qk.mr + j, i] = T.if_then_else(
-                        jt * qk.mr + j < keys,
-                        masked(acc[j, i] * scale, Mf, Cf, b, h, T.min(q0 + i, q_len - 1),
-                               T.min(k0 + jt * qk.mr + j, kv_len - 1)),
-                        T.float32(_LOWEST))
-                    mb[i] = T.max(mb[i], ST[jt * qk.mr + j, i])
+                    ST[row0 + jt * rows + j, i] = masked(
+                        acc[j, i] * scale, Mf, Cf, b, h, T.min(q0 + i, q_len - 1),
+                        k0 + row0 + jt * rows + j)
+                    mb[i] = T.max(mb[i], ST[row0 + jt * rows + j, i])
+
+    @T.macro
+    def key_block(Kf, Vf, Mf, Cf, QT, ST, Ob, mx, ls, mb, b, h, q0, k0, keys):
+        for i in T.vectorized(bq):
+            mb[i] = mx[i]
+        # Whole qk tiles, then one tile of the remaining rows (a remainder microkernel).
+        qk_tiles(Kf, Mf, Cf, QT, ST, mb, b, h, q0, k0, 0, qk.mr, keys // qk.mr)
+        if keys % qk.mr > 0:
+            qk_tiles(Kf, Mf, Cf, QT, ST, mb, b, h, q0, k0, keys - keys % qk.mr, keys % qk.mr, 1)
         alpha = T.alloc_buffer((bq,), "float32")
         for i in T.vectorized(bq):
             alpha[i] = fast_exp(mx[i] - mb[i])
@@ -176,7 +171,6 @@ def attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.PrimF
         for t in T.parallel(tasks):
             QT = T.alloc_buffer((d, bq), "float32")
             ST = T.alloc_buffer((bk, bq), "float32")
-            KP = T.alloc_buffer((max(tail_rows, 1), d), "float32")
             Ob = T.alloc_buffer((bq, d), "float32")
             mx = T.alloc_buffer((bq,), "float32")
             ls = T.alloc_buffer((bq,), "float32")
@@ -195,11 +189,10 @@ def attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.PrimF
                     q0 + i < q_len, Qf[at("q", b, h, T.min(q0 + i, q_len - 1), c)],
                     T.float32(0))
             for kb in range(full_blocks):
-                key_block(Qf, Kf, Vf, Mf, Cf, QT, ST, KP, Ob, mx, ls, mb, b, h, q0, kb * bk,
-                          bk, False)
+                key_block(Kf, Vf, Mf, Cf, QT, ST, Ob, mx, ls, mb, b, h, q0, kb * bk, bk)
             if tail > 0:
-                key_block(Qf, Kf, Vf, Mf, Cf, QT, ST, KP, Ob, mx, ls, mb, b, h, q0,
-                          full_blocks * bk, tail, True)
+                key_block(Kf, Vf, Mf, Cf, QT, ST, Ob, mx, ls, mb, b, h, q0, full_blocks * bk,
+                          tail)
             for i in range(bq):
                 if q0 + i < q_len:
                     for c in T.vectorized(d):
