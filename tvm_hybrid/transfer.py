@@ -51,9 +51,9 @@ def _zero_copy(array: np.ndarray) -> tvm.runtime.Tensor | None:
 def _staged(array: np.ndarray, position: int, staging: dict) -> tvm.runtime.Tensor:
     if array.dtype.kind not in _DLPACK_KINDS or array.size == 0:
         return tvm.runtime.tensor(array, tvm.cpu())
-    tensor = staging.get(position)
-    if tensor is None or tuple(tensor.shape) != array.shape or str(tensor.dtype) != str(
-            array.dtype):
-        tensor = staging[position] = tvm.runtime.empty(array.shape, str(array.dtype))
-    tensor.copyfrom(array)
-    return tensor
+    held = staging.get(position)
+    if held is None or held[1].shape != array.shape or held[1].dtype != array.dtype:
+        tensor = tvm.runtime.empty(array.shape, str(array.dtype))
+        held = staging[position] = (tensor, np.from_dlpack(tensor))  # a view, for np.copyto
+    np.copyto(held[1], array, casting="no")
+    return held[0]

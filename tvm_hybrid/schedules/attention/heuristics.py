@@ -12,11 +12,12 @@ Rules, in order:
 
 1. The vector family is the target's best fp32 register-tile family (AVX-512, else AVX2).
 2. ``q_block`` is four vectors (64 queries with AVX-512, 32 with AVX2): each key row loaded
-   for ``K . Q^T`` serves that many queries; two when that pads fewer queries (197 tokens). ``qk`` is the tallest tile of that width whose
-   accumulators fit the register file and :data:`STACK_BYTES` (larger tiles are placed in heap
-   workspace by TVM, and LLVM then stores the accumulators at every step: measured 2.7x slower
-   on a BERT head). Measured on Zen 5 (BERT heads, s 128 and 384): 3 x 64 tiles ran 10% faster
-   than 4 x 32 ones; with AVX2, 2 x 32 and 6 x 16 within noise of each other.
+   for ``K . Q^T`` serves that many queries; two when that pads fewer queries (197 tokens).
+   ``qk`` is the tallest tile of that width whose accumulators fit the register file and
+   :data:`STACK_BYTES` (larger tiles are placed in heap workspace by TVM, and LLVM then stores
+   the accumulators at every step: measured 2.7x slower on a BERT head). Measured on Zen 5
+   (BERT heads, s 128 and 384): 3 x 64 tiles ran 10% faster than 4 x 32 ones; with AVX2,
+   2 x 32 and 6 x 16 within noise of each other.
 3. ``pv`` is the best-ranked tile (the GEMM heuristic's ranking) whose ``nr`` divides the head
    dimension and ``mr`` the query block, within the same limits.
 4. ``k_block``: the keys split into equal blocks of at most :data:`KEY_BLOCK` (the scores of a
