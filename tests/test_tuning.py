@@ -346,3 +346,36 @@ def test_other_kernels_can_be_tuned_with_stock_metaschedule_rules(tmp_path, targ
     reference = tvm_hybrid.compile(wl.model, target, pipeline="stock")
     np.testing.assert_allclose(model(**wl.inputs), reference(**wl.inputs), rtol=1e-4,
                                atol=1e-5)
+
+
+def test_attention_knobs_are_tuned_and_applied(tmp_path, target, caplog):
+    """The fused attention's knobs are searched on regenerated kernels (the heuristic's
+    first), the records keep them by workload, and compiling with the records uses them."""
+    from tvm_hybrid.schedules.attention import AttentionShape, knobs_from_dict, variants
+
+    wl = workloads.attention(1, 40, heads=2, head_dim=32)
+    path = tune(wl.model, target, trials=6, work_dir=tmp_path, progress=False)
+    records = load_records(path)
+    (record,) = records.attention.values()
+    shape = AttentionShape.from_key(record.key)
+    assert (shape.q_len, shape.kv_len, shape.head_dim) == (40, 40, 32)
+    candidates = variants(target, shape)
+    assert record.heuristic == candidates[0].key and record.heuristic in record.measured
+    assert 4 <= len(record.measured) <= len(candidates)
+    kept = knobs_from_dict(target, record.kept)
+    assert kept.key in record.measured
+    model = tvm_hybrid.compile(wl.model, target, tuning_records=path)
+    (info,) = [k for k in model.kernels.values() if "fused attention" in k.detail]
+    assert info.detail == kept.describe()
+    reference = tvm_hybrid.compile(wl.model, target, pipeline="stock")
+    np.testing.assert_allclose(model(**wl.inputs), reference(**wl.inputs), rtol=1e-4,
+                               atol=1e-5)
+    # Knobs that cannot apply (another vector family) fall back to the heuristic, loudly.
+    data = json.loads(path.read_text())
+    data["attention"][0]["kept"]["isa"] = "not-an-isa"
+    path.write_text(json.dumps(data))
+    with caplog.at_level("WARNING"):
+        model = tvm_hybrid.compile(wl.model, target, tuning_records=path)
+    assert "do not apply" in caplog.text
+    (info,) = [k for k in model.kernels.values() if "fused attention" in k.detail]
+    assert info.detail == candidates[0].describe()

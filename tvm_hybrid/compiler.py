@@ -38,6 +38,7 @@ from .host import make_target, target_to_dict
 from .kernel_info import KernelRecorder
 from .microkernels import best_vector_family
 from .pipeline import PRECISIONS, hybrid_pipeline
+from .schedules.attention import tuned_knobs
 from .specializing_model import DEFAULT_MAX_SPECIALIZATIONS, SpecializingModel
 
 PIPELINES = ("hybrid", "stock")
@@ -147,7 +148,8 @@ def _compile(model, tgt, params, tuning_records, input_shapes, pipeline, precisi
         mod = _bind_params(mod, params)
         bound = set(params)
         imported.inputs = [spec for spec in imported.inputs if spec.name not in bound]
-    database = _load_records(tuning_records, tgt) if tuning_records is not None else None
+    database, attention = (_load_records(tuning_records, tgt) if tuning_records is not None
+                           else (None, {}))
     mod = embed_metadata(mod, model_metadata(tgt, imported.inputs))
     recorder = KernelRecorder()
     relax_pipeline = (hybrid_pipeline(tgt, precision, recorder) if pipeline == "hybrid"
@@ -156,11 +158,12 @@ def _compile(model, tgt, params, tuning_records, input_shapes, pipeline, precisi
     try:
         with warnings.catch_warnings(), tgt, _with_instrument(passes):
             warnings.simplefilter("ignore")
-            if database is not None:
-                with database:
+            with tuned_knobs(attention):
+                if database is not None:
+                    with database:
+                        lowered = relax_pipeline(mod)
+                else:
                     lowered = relax_pipeline(mod)
-            else:
-                lowered = relax_pipeline(mod)
             passes.stack = ["code generation"]
             executable = tvm.compile(lowered, target=tgt, relax_pipeline=None)
     except TemplateError:
@@ -251,9 +254,11 @@ def _bind_params(mod: tvm.IRModule, params: dict[str, np.ndarray]) -> tvm.IRModu
     return mod
 
 
-def _load_records(path: str | os.PathLike, target: tvm.target.Target) -> ms.database.Database:
-    """A database of the records at ``path``: a ``tvm-hybrid tune`` file or a MetaSchedule
-    work directory. Raises :class:`TuningRecordsError` when they were made for another target.
+def _load_records(path: str | os.PathLike,
+                  target: tvm.target.Target) -> tuple[ms.database.Database, dict]:
+    """A database of the records at ``path`` (a ``tvm-hybrid tune`` file or a MetaSchedule
+    work directory) and the tuned attention knobs by workload. Raises
+    :class:`TuningRecordsError` when they were made for another target.
     """
     from .tuning.records import load_records, target_identity
 
@@ -261,7 +266,7 @@ def _load_records(path: str | os.PathLike, target: tvm.target.Target) -> ms.data
     if source.is_file():
         records = load_records(source)
         records.check_target(target, source)
-        return records.database()
+        return records.database(), records.attention_knobs()
     if not source.is_dir():
         raise TuningRecordsError(
             f"tuning records not found: {source} (expected a file written by tvm-hybrid tune "
@@ -285,4 +290,4 @@ def _load_records(path: str | os.PathLike, target: tvm.target.Target) -> ms.data
             raise TuningRecordsError(
                 f"{source} was tuned for another target ({other}); compiling for {target}"
             )
-    return database
+    return database, {}

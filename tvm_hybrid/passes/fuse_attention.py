@@ -31,7 +31,7 @@ import tvm
 from tvm import relax
 from tvm.ir.prim.expr import IntImm
 
-from ..schedules.attention import AttentionShape, attention_kernel, choose_knobs
+from ..schedules.attention import AttentionShape, attention_kernel, knobs_for
 from .relax_rewrite import (
     TargetMutator,
     TargetPass,
@@ -94,7 +94,7 @@ class _Fuser(TargetMutator):
             self.fused[binding.var] = (*fused, binding.var)
             fused = None
         fused = fused or self._head_merge(value)
-        knobs = choose_knobs(self.target, fused[0]) if fused is not None else None
+        knobs = knobs_for(self.target, fused[0]) if fused is not None else None
         if knobs is None:
             self.builder_.emit_normalized(relax.VarBinding(binding.var, value))
             return

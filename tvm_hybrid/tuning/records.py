@@ -25,6 +25,7 @@ from tvm.target import Target
 from ..errors import TuningRecordsError, first_line
 from ..host import target_to_dict
 from ..microkernels import ensure_tensor_intrin
+from .attention import AttentionRecord
 from .search import SearchState, Trial
 from .space import knobs_from_dict
 
@@ -89,6 +90,12 @@ class RecordsFile:
     target: dict
     tasks: dict[str, TaskRecords] = dataclasses.field(default_factory=dict)
     model: str = ""
+    #: Fused attention workloads (``tuning/attention.py``), by workload key.
+    attention: dict[str, AttentionRecord] = dataclasses.field(default_factory=dict)
+
+    def attention_knobs(self) -> dict[str, dict]:
+        """The kept knobs of every tuned attention workload, by workload key."""
+        return {k: r.kept for k, r in self.attention.items() if r.kept is not None}
 
     def check_target(self, target: Target, source: str | os.PathLike) -> None:
         """Raise :class:`TuningRecordsError` unless these records were made for ``target``."""
@@ -125,6 +132,7 @@ class RecordsFile:
             "model": self.model,
             "target": self.target,
             "tasks": [_task_json(t) for t in self.tasks.values()],
+            "attention": [r.as_json() for r in self.attention.values()],
         }
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
         with os.fdopen(fd, "w") as out:
@@ -167,6 +175,9 @@ def load_records(path: str | os.PathLike) -> RecordsFile:
         for item in data["tasks"]:
             task = _task_from_json(item)
             records.tasks[task.key] = task
+        for item in data.get("attention", []):
+            record = AttentionRecord.from_json(item)
+            records.attention[record.key] = record
     except TuningRecordsError:
         raise
     except Exception as err:  # noqa: BLE001 - TVM's JSON readers raise several kinds

@@ -29,6 +29,7 @@ from ..frontend import import_model
 from ..host import make_target
 from ..pipeline import prepare_passes
 from ..schedules.template import is_scheduled
+from .attention import attention_workloads, tune_attention
 from .measure import Measurer, RPCSettings
 from .records import RecordsFile, TaskRecords, load_records, new_records, workload_key
 from .search import SearchState, Trial, median, neighbourhood_search
@@ -80,10 +81,11 @@ def extract_tasks(model, target: Target, *, input_shapes=None, params=None,
 
     with COMPILER_LOCK:
         return _extract_tasks(model, target, input_shapes, params, others, precision,
-                              _bind_params)
+                              _bind_params)[0]
 
 
 def _extract_tasks(model, target, input_shapes, params, others, precision, bind_params):
+    """``(tasks, attention workloads)`` of ``model`` after the fusion phases."""
     imported = import_model(model, input_shapes=input_shapes)
     mod = bind_params(imported.mod, params) if params else imported.mod
     try:
@@ -99,13 +101,13 @@ def _extract_tasks(model, target, input_shapes, params, others, precision, bind_
     tasks, rest = [], []
     for item in extracted:
         if is_scheduled(item.dispatched[0]["main"]):
-            continue  # generated already scheduled (fused attention): nothing to search
+            continue  # generated scheduled (fused attention): searched by tune_attention
         space = TemplateSpace(item.dispatched[0]["main"], target)
         if space:
             tasks.append(Task(item, space))
         else:
             rest.append(Task(item, None))
-    return tasks + (rest if others else [])
+    return tasks + (rest if others else []), attention_workloads(prepared)
 
 
 def split_budget(tasks: list[Task], trials: int) -> None:
@@ -153,6 +155,9 @@ def tune(
     precision: str = "fp32",
 ) -> Path:
     """Tune the template knobs of ``model``'s kernels; return the path of the records file.
+
+    The GEMM and convolution templates' kernels are searched by schedule (traces in the
+    records); each fused attention workload by its knob sets (``tuning/attention.py``).
 
     Parameters
     ----------
@@ -216,19 +221,30 @@ def tune(
     work_dir = Path(work_dir)
     path = Path(output) if output is not None else work_dir / RECORDS_NAME
     source = str(model) if isinstance(model, (str, os.PathLike)) else "<model>"
-    tasks = extract_tasks(model, tgt, input_shapes=input_shapes, params=params,
-                          others=others == "metaschedule", precision=precision)
+    from ..compiler import _bind_params
+
+    with COMPILER_LOCK:
+        tasks, attention = _extract_tasks(model, tgt, input_shapes, params,
+                                          others == "metaschedule", precision, _bind_params)
     records = _start_records(path, tgt, source, resume)
-    if not tasks:
+    if not tasks and not attention:
         logger.warning("%s: no kernel is covered by a template; nothing to tune", source)
         return records.save(path)
-    split_budget(tasks, trials)
+    # Attention workloads get their share of the trials by FLOPs, at most their knob sets.
+    attention_budget = _attention_budget(tasks, attention, trials, tgt)
+    split_budget(tasks, max(len(tasks), trials - sum(attention_budget.values())))
     measurer = Measurer(tgt, rpc=rpc)
-    total = sum(t.budget for t in tasks)
+    total = sum(t.budget for t in tasks) + sum(attention_budget.values())
     done = sum(min(len(records.tasks[t.key].state.trials), t.budget)
                for t in tasks if t.key in records.tasks)
     bar = _progress(total, done, progress)
     try:
+        for shape in attention:
+            bar.set_description(f"attention {shape.batch}x{shape.heads}x{shape.q_len}")
+            records.attention[shape.key] = tune_attention(
+                shape, tgt, measurer, attention_budget[shape.key],
+                records.attention.get(shape.key), bar.update)
+            records.save(path)
         for index, task in enumerate(tasks, 1):
             kind = search if task.templated else "metaschedule"
             entry = records.tasks.get(task.key) or TaskRecords(
@@ -246,6 +262,17 @@ def tune(
     finally:
         bar.close()
     return path
+
+
+def _attention_budget(tasks: list[Task], attention: list, trials: int,
+                      target: Target) -> dict[str, int]:
+    """Trials per attention workload: its share of ``trials`` by FLOPs among all tasks, at
+    least 4, at most its number of knob sets."""
+    from ..schedules.attention import variants
+
+    flops = sum(t.cost for t in tasks) + sum(s.flops for s in attention) or 1.0
+    return {s.key: min(len(variants(target, s)), max(4, round(trials * s.flops / flops)))
+            for s in attention}
 
 
 def _metaschedule(task: Task, entry: TaskRecords, measurer: Measurer, target: Target,

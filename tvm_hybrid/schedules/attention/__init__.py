@@ -5,9 +5,18 @@ register tiles from the microkernel registry), ``kernel.py`` generates the kerne
 pass that finds attentions is ``passes/fuse_attention.py``.
 """
 
-from .heuristics import AttentionKnobs, choose_knobs
-from .kernel import ATTENTION_ATTR, FLOPS_ATTR, attention_kernel
+from .heuristics import (
+    AttentionKnobs,
+    choose_knobs,
+    fits,
+    knobs_for,
+    knobs_from_dict,
+    tuned_knobs,
+    variants,
+)
+from .kernel import ATTENTION_ATTR, FLOPS_ATTR, SHAPE_ATTR, attention_kernel
 from .workload import AttentionShape
 
-__all__ = ["ATTENTION_ATTR", "FLOPS_ATTR", "AttentionKnobs", "AttentionShape", "attention_kernel",
-           "choose_knobs"]
+__all__ = ["ATTENTION_ATTR", "FLOPS_ATTR", "SHAPE_ATTR", "AttentionKnobs", "AttentionShape",
+           "attention_kernel", "choose_knobs", "fits", "knobs_for", "knobs_from_dict",
+           "tuned_knobs", "variants"]

@@ -30,13 +30,18 @@ fp32 vector family: the attention then stays unfused.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
+import logging
 
 from tvm.target import Target
 
 from ...microkernels import Microkernel, best_vector_family
 from ..gemm.heuristics import kernel_score
 from .workload import AttentionShape
+
+logger = logging.getLogger(__name__)
 
 #: TVM puts a kernel's local arrays of this many bytes or more in heap workspace.
 STACK_BYTES = 1024
@@ -68,8 +73,9 @@ class AttentionKnobs:
                 f"{self.pv.mr}x{self.pv.nr} tiles")
 
     def as_dict(self) -> dict:
-        return {"template": "attention", "qk": self.qk.name, "pv": self.pv.name,
-                "k_block": self.k_block}
+        """A JSON-able form (tuning records); :func:`knobs_from_dict` reverses it."""
+        return {"template": "attention", "isa": self.qk.isa, "qk": [self.qk.mr, self.qk.nr],
+                "pv": [self.pv.mr, self.pv.nr], "k_block": self.k_block}
 
 
 def register_tiles(family) -> list[Microkernel]:
@@ -101,3 +107,75 @@ def choose_knobs(target: Target, shape: AttentionShape) -> AttentionKnobs | None
     blocks = -(-shape.kv_len // KEY_BLOCK)
     return AttentionKnobs(max(qk, key=lambda t: t.mr), max(pv, key=kernel_score),
                           -(-shape.kv_len // blocks))
+
+
+def fits(shape: AttentionShape, knobs: AttentionKnobs) -> bool:
+    """Whether ``knobs`` can compute ``shape`` (the kernel covers every query and channel)."""
+    qk, pv = knobs.qk, knobs.pv
+    return (qk.nr % qk.lanes == 0 and pv.nr % pv.lanes == 0 and qk.fits_registers()
+            and pv.fits_registers() and shape.head_dim % pv.nr == 0
+            and knobs.q_block % pv.mr == 0 and shape.head_dim % qk.lanes == 0
+            and 0 < knobs.k_block <= shape.kv_len)
+
+
+def variants(target: Target, shape: AttentionShape) -> list[AttentionKnobs]:
+    """The knob sets a tuner measures for ``shape``: the heuristic's first, then query blocks
+    of two and four vectors, the two tallest ``qk`` tiles, the three best-ranked ``pv`` tiles
+    and key blocks of about 64, 128 and 256 keys."""
+    heuristic = choose_knobs(target, shape)
+    if heuristic is None:
+        return []
+    family = best_vector_family(target, "float32")
+    lanes, tiles = family.first.lanes, register_tiles(family)
+    out = [heuristic]
+    for q_block in (4 * lanes, 2 * lanes):
+        qks = sorted((t for t in tiles if t.nr == q_block), key=lambda t: -t.mr)[:2]
+        pvs = sorted((t for t in tiles if shape.head_dim % t.nr == 0 and q_block % t.mr == 0),
+                     key=kernel_score, reverse=True)[:3]
+        for size in (64, KEY_BLOCK, 256):
+            blocks = -(-shape.kv_len // size)
+            k_block = -(-shape.kv_len // blocks)
+            out += [AttentionKnobs(qk, pv, k_block) for qk in qks for pv in pvs]
+    unique = list(dict.fromkeys(out))
+    return [k for k in unique if fits(shape, k)]
+
+
+def knobs_from_dict(target: Target, data: dict) -> AttentionKnobs | None:
+    """The knobs :meth:`AttentionKnobs.as_dict` wrote, for ``target`` (None when its vector
+    family is not the one they were made for)."""
+    family = best_vector_family(target, "float32")
+    if family is None or family.first.isa != data.get("isa"):
+        return None
+    (qk_mr, qk_nr), (pv_mr, pv_nr) = data["qk"], data["pv"]
+    return AttentionKnobs(dataclasses.replace(family.first, mr=int(qk_mr), nr=int(qk_nr)),
+                          dataclasses.replace(family.first, mr=int(pv_mr), nr=int(pv_nr)),
+                          int(data["k_block"]))
+
+
+#: Tuned knobs by workload key (``AttentionShape.key``), set while compiling with records.
+_TUNED: contextvars.ContextVar[dict | None] = contextvars.ContextVar("tuned_attention",
+                                                                    default=None)
+
+
+@contextlib.contextmanager
+def tuned_knobs(knobs: dict[str, dict]):
+    """Within the block, :func:`knobs_for` returns these knobs (``as_dict`` forms, by
+    workload key) where they apply."""
+    token = _TUNED.set(dict(knobs))
+    try:
+        yield
+    finally:
+        _TUNED.reset(token)
+
+
+def knobs_for(target: Target, shape: AttentionShape) -> AttentionKnobs | None:
+    """The tuned knobs of ``shape`` when the records in effect have some that fit, else the
+    heuristic's."""
+    data = (_TUNED.get() or {}).get(shape.key)
+    if data is not None:
+        knobs = knobs_from_dict(target, data)
+        if knobs is not None and fits(shape, knobs):
+            return knobs
+        logger.warning("tuned attention knobs %s do not apply to %s on this target; "
+                       "using the heuristic's", data, shape.describe())
+    return choose_knobs(target, shape)

@@ -42,6 +42,8 @@ _LOWEST = -3.0e38
 #: Function attributes: the knobs in words, and the FLOPs of one call (profile report).
 ATTENTION_ATTR = "hybrid.attention"
 FLOPS_ATTR = "hybrid.flops"
+#: Function attribute: the workload (``AttentionShape.key``), what tuning records name.
+SHAPE_ATTR = "hybrid.attention_shape"
 
 
 def fast_exp(x):
@@ -199,7 +201,7 @@ def attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.PrimF
                         Of[at("o", b, h, q0 + i, c)] = Ob[i, c] / ls[i]
 
     attrs = {"tirx.noalias": True, "tirx.is_scheduled": True, "op_pattern": 8,
-             ATTENTION_ATTR: knobs.describe(), FLOPS_ATTR: shape.flops}
+             ATTENTION_ATTR: knobs.describe(), FLOPS_ATTR: shape.flops, SHAPE_ATTR: shape.key}
     q_shape, k_shape, v_shape, o_shape = (
         shape.tensor_shape(layouts[n], sizes[n]) for n in ("q", "k", "v", "o"))
     m_shape = tuple(shape.mask_shape or (1,))

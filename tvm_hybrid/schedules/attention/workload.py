@@ -22,6 +22,7 @@ one head.
 from __future__ import annotations
 
 import dataclasses
+import json
 
 LAYOUTS = ("bhsd", "bshd", "bhds")
 
@@ -70,6 +71,19 @@ class AttentionShape:
             layout = getattr(self, name)
             if layout not in LAYOUTS or (layout == "bhds" and name != "k_layout"):
                 raise ValueError(f"{name} {layout!r} is not a layout attention reads")
+
+    @property
+    def key(self) -> str:
+        """A stable string naming the workload (the kernel's attribute, tuning records)."""
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_key(cls, key: str) -> AttentionShape:
+        data = json.loads(key)
+        for name in ("mask_shape", "cond_shape"):
+            if data.get(name) is not None:
+                data[name] = tuple(data[name])
+        return cls(**data)
 
     @property
     def flops(self) -> float:
