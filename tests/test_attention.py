@@ -312,6 +312,9 @@ def test_gpt_style_attention_with_causal_where_and_operand_scales():
     names = compiled.kernel_names()
     assert [n for n in names if n.startswith(FUSED_ATTENTION)] == [FUSED_ATTENTION], names
     assert not any("softmax" in n or "where" in n for n in names), names
+    # Every node of the subgraph is attributed to the kernel (the profile report).
+    nodes = set(compiled.kernels[FUSED_ATTENTION].nodes)
+    assert {"Where 'sc'", "Softmax 'p'", "Mul 'qs'", "Mul 'kts'", "MatMul 'out'"} <= nodes
     want = _onnxruntime(model, inputs)
     got = np.asarray(compiled(**inputs))
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())

@@ -18,7 +18,7 @@ from .errors import CompileError, InputError, ModelLoadError, OptionError, first
 from .frontend import TensorSpec
 from .host import check_runnable_here
 from .passes.check_indices import INDEX_ERROR
-from .transfer import to_device
+from .transfer import fresh_outputs, to_device, to_numpy
 
 _SOURCE_FORMATS = {"asm": "s", "s": "s", "ll": "ll", "llvm": "ll", "tir": "tir"}
 
@@ -53,6 +53,7 @@ class CompiledModel:
         self._checked = checked  # check_runnable_here already passed (load() does it)
         self._kernel_source = kernel_source  # (KernelRecorder, node labels), from compile()
         self._kernels = kernels
+        self._fresh = False  # not analysed yet
 
     # --- running -------------------------------------------------------------------------
 
@@ -89,7 +90,7 @@ class CompiledModel:
         bound = self._bind(arrays, named)
         args = self._to_device(bound)
         try:
-            return _to_numpy(self.vm["main"](*args))
+            return to_numpy(self.vm["main"](*args), self._fresh_outputs())
         except Exception as err:
             error = self._run_error(err, bound)
             if error is err:
@@ -166,6 +167,14 @@ class CompiledModel:
                 f"{[spec.name for spec in self.inputs]}, got {len(arrays)}"
             )
         return [_check_input(spec, np.asarray(a)) for spec, a in zip(self.inputs, arrays)]
+
+    def _fresh_outputs(self) -> tuple[bool, ...] | None:
+        """Which outputs can be returned as views (``transfer.fresh_outputs``); None (copy
+        all) for loaded models, whose Relax code is not kept."""
+        if self._fresh is False:
+            self._fresh = fresh_outputs(self.lowered["main"]) if self.lowered is not None \
+                else None
+        return self._fresh
 
     def _to_device(self, arrays: list[np.ndarray]) -> list:
         staging = getattr(self._local, "staging", None)
@@ -316,11 +325,3 @@ def _check_input(spec: TensorSpec, array: np.ndarray) -> np.ndarray:
 
 def _show_shape(shape: tuple) -> str:
     return "(" + ", ".join("?" if d is None else str(d) for d in shape) + ")"
-
-
-def _to_numpy(value):
-    if isinstance(value, tvm.runtime.Tensor):
-        return value.numpy()
-    if isinstance(value, (list, tuple)) or type(value).__name__ in ("Array", "Tuple"):
-        return tuple(_to_numpy(v) for v in value)
-    return value

@@ -9,9 +9,10 @@ allocations, single-threaded memcpy), more than the fused kernel itself.
   assume) is passed zero-copy through DLPack.
 * Other inputs (numpy aligns large arrays to 16 bytes) are copied into a staging tensor kept per
   thread and input, so the copy reuses memory already mapped.
-
-Outputs are still copied into new numpy arrays: a view of the VM's result could alias a model
-constant or an input.
+* Outputs the VM allocated for themselves (``fresh_outputs``: a tensor on a storage of its
+  own, not a constant, an input, a view of another output) are returned as numpy views that
+  keep the VM's tensor alive; others are copied, so a returned array never aliases a model
+  constant, an input or another output.
 """
 
 from __future__ import annotations
@@ -57,3 +58,76 @@ def _staged(array: np.ndarray, position: int, staging: dict) -> tvm.runtime.Tens
         held = staging[position] = (tensor, np.from_dlpack(tensor))  # a view, for np.copyto
     np.copyto(held[1], array, casting="no")
     return held[0]
+
+
+def fresh_outputs(main) -> tuple[bool, ...] | None:
+    """Per output of the lowered Relax ``main``: whether the VM allocates it on a storage of
+    its own that no other output shares (so a numpy view of it is safe to hand out). None when
+    ``main`` is not in the expected form (then every output is copied)."""
+    from tvm import relax
+
+    bindings = {}
+    storage_uses: dict = {}
+    try:
+        for block in main.body.blocks:
+            for binding in block.bindings:
+                bindings[binding.var] = binding.value
+                value = binding.value
+                if _is_op(value, "relax.vm.alloc_tensor"):
+                    storage_uses[value.args[0]] = storage_uses.get(value.args[0], 0) + 1
+        result = main.body.body
+        while isinstance(result, relax.Var) and isinstance(bindings.get(result),
+                                                           (relax.Var, relax.Tuple)):
+            result = bindings[result]
+        fields = list(result.fields) if isinstance(result, relax.Tuple) else [result]
+    except AttributeError:
+        return None
+
+    def root(expr):
+        while isinstance(expr, relax.Var) and expr in bindings:
+            value = bindings[expr]
+            if not _is_extern(value, "vm.builtin.reshape"):  # a view of its first argument
+                return expr
+            expr = value.args[0]
+        return expr
+
+    roots = [root(f) for f in fields]
+    out = []
+    for r in roots:
+        value = bindings.get(r) if isinstance(r, relax.Var) else None
+        own = (value is not None and _is_op(value, "relax.vm.alloc_tensor")
+               and storage_uses.get(value.args[0]) == 1
+               and _is_op(bindings.get(value.args[0]), "relax.vm.alloc_storage"))
+        out.append(bool(own) and sum(x.same_as(r) for x in roots) == 1)
+    return tuple(out)
+
+
+def _is_op(expr, name: str) -> bool:
+    return isinstance(expr, tvm.relax.Call) and isinstance(expr.op, tvm.ir.Op) and \
+        expr.op.name == name
+
+
+def _is_extern(expr, symbol: str) -> bool:
+    return (isinstance(expr, tvm.relax.Call) and isinstance(expr.op, tvm.relax.ExternFunc)
+            and expr.op.global_symbol == symbol)
+
+
+def to_numpy(value, fresh: tuple[bool, ...] | None):
+    """The VM's result as numpy arrays (a tuple for a tuple): views of the outputs ``fresh``
+    marks, copies of the others."""
+    if isinstance(value, tvm.runtime.Tensor):
+        return _array(value, bool(fresh and fresh[0]))
+    if isinstance(value, (list, tuple)) or type(value).__name__ in ("Array", "Tuple"):
+        flags = fresh if fresh is not None and len(fresh) == len(value) else (False,) * len(value)
+        return tuple(_array(v, f) if isinstance(v, tvm.runtime.Tensor) else to_numpy(v, None)
+                     for v, f in zip(value, flags))
+    return value
+
+
+def _array(tensor: tvm.runtime.Tensor, fresh: bool) -> np.ndarray:
+    if fresh and str(tensor.dtype)[0] in "biuf":
+        try:
+            return np.from_dlpack(tensor)
+        except Exception:  # noqa: BLE001 - dtypes numpy's DLPack import lacks: copy
+            pass
+    return tensor.numpy()

@@ -127,11 +127,11 @@ class _Fuser(TargetMutator):
         if rank not in (3, 4) or int(probs.attrs.axis) not in (-1, rank - 1):
             return None
         # Each intermediate value (scores, scaled, masked) read by the next step only.
-        scores, mask = self._unmask(probs.args[0])
-        scores, cond = self._unwhere(scores)
+        masked, mask = self._unmask(probs.args[0])
+        scores, cond = self._unwhere(masked)
         product_var, scale = self._unscale(scores)
         product = bound_value(self, product_var)
-        chain = [probs.args[0], scores, product_var]
+        chain = list(dict.fromkeys([probs.args[0], masked, scores, product_var]))
         if not (is_op(product, "relax.matmul") and all(self._single(v) for v in chain)):
             return None
         q, kt = product.args

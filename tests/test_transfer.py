@@ -1,0 +1,91 @@
+"""Arrays into and out of the VM (``transfer.py``): zero-copy where safe, never aliased."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from onnx import TensorProto, helper
+
+import tvm_hybrid
+from tvm_hybrid.bench import workloads
+from tvm_hybrid.transfer import ALIGNMENT, fresh_outputs, to_device
+
+
+@pytest.fixture(scope="module")
+def outputs_model():
+    """Outputs of every kind: computed, the input itself, a constant, a view of another
+    output, and a second computed one."""
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"]),
+        helper.make_node("Identity", ["x"], ["i"]),
+        helper.make_node("Constant", [], ["c"],
+                         value=helper.make_tensor("cv", TensorProto.FLOAT, [2], [1.0, 2.0])),
+        helper.make_node("Reshape", ["r", "shape"], ["rs"]),
+        helper.make_node("Sigmoid", ["x"], ["s"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "outputs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
+         for n in ("r", "i", "c", "rs", "s")],
+        initializer=[helper.make_tensor("shape", TensorProto.INT64, [1], [32])])
+    return tvm_hybrid.compile(helper.make_model(graph,
+                                                opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def test_only_outputs_on_their_own_storage_are_views(outputs_model):
+    assert fresh_outputs(outputs_model.lowered["main"]) == (False, False, False, False, True)
+
+
+def test_returned_arrays_never_alias(outputs_model):
+    x = np.random.default_rng(0).standard_normal((4, 8)).astype("float32")
+    first = outputs_model(x.copy())
+    kept = [a.copy() for a in first]
+    for array in first:
+        assert array.flags.writeable
+        array[...] = 7.0  # the caller owns what it got
+    second = outputs_model(x.copy())
+    np.testing.assert_array_equal(second[2], [1.0, 2.0])  # the constant is intact
+    for got, want in zip(second, kept):
+        np.testing.assert_array_equal(got, want)
+    # The identity output is a copy, not the caller's input; the reshape not the Relu's.
+    assert not np.shares_memory(second[1], x)
+    assert not np.shares_memory(second[0], second[3])
+    third = outputs_model(x.copy())
+    assert not np.shares_memory(third[4], second[4])  # each call's views are its own
+
+
+def test_inputs_aligned_or_not():
+    wl = workloads.attention(1, 40, heads=2, head_dim=32)
+    model = tvm_hybrid.compile(wl.model)
+    want = model(**wl.inputs)
+    for offset in (0, 1, 4):  # floats: 0 and 64-byte aligned, or not
+        moved = {}
+        for name, array in wl.inputs.items():
+            room = np.empty(array.size + 32, array.dtype)
+            start = (-room.ctypes.data % ALIGNMENT) // array.itemsize + offset
+            moved[name] = room[start:start + array.size].reshape(array.shape)
+            moved[name][...] = array
+        np.testing.assert_array_equal(model(**moved), want)
+
+
+def test_staging_follows_the_shapes():
+    staging: dict = {}
+    a = np.arange(6, dtype="float32").reshape(2, 3)[:, ::-1]  # not contiguous: staged
+    (t,) = to_device([a], staging)
+    np.testing.assert_array_equal(t.numpy(), a)
+    b = np.arange(12, dtype="float32").reshape(3, 4)[:, ::-1]
+    (u,) = to_device([b], staging)
+    np.testing.assert_array_equal(u.numpy(), b)
+    assert isinstance(u, tvm.runtime.Tensor) and tuple(u.shape) == (3, 4)
+
+
+def test_a_single_computed_output_is_a_view():
+    wl = workloads.attention(1, 40, heads=2, head_dim=32)
+    model = tvm_hybrid.compile(wl.model)
+    assert fresh_outputs(model.lowered["main"]) == (True,)
+    first = model(**wl.inputs)
+    kept = first.copy()
+    second = model(**wl.inputs)
+    assert not np.shares_memory(first, second)
+    np.testing.assert_array_equal(first, kept)
