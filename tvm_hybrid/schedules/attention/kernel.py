@@ -61,16 +61,10 @@ def fast_exp(x):
     return T.max(scale * y, x)
 
 
-def _mask_offset(mask_shape: tuple[int, ...], b, h, q, k):
-    """The flat offset of a mask's element broadcast to ``(b, h, q, k)``."""
-    dims = (1,) * (4 - len(mask_shape)) + tuple(mask_shape)
-    index, offset = (b, h, q, k), 0
-    stride = 1
-    for axis in range(3, -1, -1):
-        if dims[axis] != 1:
-            offset = offset + index[axis] * stride
-        stride *= dims[axis]
-    return offset
+def _mask_index(mask_shape: tuple[int, ...], b, h, q, k) -> tuple:
+    """The index of a mask's element broadcast to ``(b, h, q, k)`` (shapes aligned right)."""
+    index = (b, h, q, k)[4 - len(mask_shape):]
+    return tuple(i if dim != 1 else 0 for i, dim in zip(index, mask_shape))
 
 
 def attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.PrimFunc:
@@ -97,22 +91,22 @@ def attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.PrimF
     def at(name, b, h, row, col):
         return element_offset(layouts[name], shape, sizes[name], b, h, row, col)
 
-    def masked(value, Mf, Cf, b, h, q, k):
-        """A score after the boolean mask, then the additive mask."""
+    def masked(value, M, C, b, h, q, k):
+        """A score after the boolean mask ``C``, then the additive mask ``M``."""
         if shape.cond_shape is not None:
-            keep = Cf[_mask_offset(shape.cond_shape, b, h, q, k)]
+            keep = C[_mask_index(shape.cond_shape, b, h, q, k)]
             fill = T.float32(shape.fill)
             value = T.if_then_else(keep, value, fill) if shape.keep_if else \
                 T.if_then_else(keep, fill, value)
         if shape.mask_shape is not None:
-            value = value + Mf[_mask_offset(shape.mask_shape, b, h, q, k)]
+            value = value + M[_mask_index(shape.mask_shape, b, h, q, k)]
         return value
 
     qk_vectors, pv_vectors = qk.nr // lanes, pv.nr // lanes
     pv_tile = {kc: broadcast_fma(pv, kc) for kc in {bk, tail} if kc}
 
     @T.macro
-    def qk_tiles(Kf, Mf, Cf, QT, ST, mb, b, h, q0, k0, row0, rows, count):
+    def qk_tiles(Kf, M, C, QT, ST, mb, b, h, q0, k0, row0, rows, count):
         """``count`` tiles of ``rows`` keys from key ``k0 + row0``: scores, masks, row max."""
         tile = T.meta_var(broadcast_fma(dataclasses.replace(qk, mr=rows), d))
         for jt in range(count):
@@ -127,18 +121,18 @@ def attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.PrimF
             for j in T.unroll(rows):
                 for i in T.vectorized(bq):
                     ST[row0 + jt * rows + j, i] = masked(
-                        acc[j, i] * scale, Mf, Cf, b, h, T.min(q0 + i, q_len - 1),
+                        acc[j, i] * scale, M, C, b, h, T.min(q0 + i, q_len - 1),
                         k0 + row0 + jt * rows + j)
                     mb[i] = T.max(mb[i], ST[row0 + jt * rows + j, i])
 
     @T.macro
-    def key_block(Kf, Vf, Mf, Cf, QT, ST, Ob, mx, ls, mb, b, h, q0, k0, keys):
+    def key_block(Kf, Vf, M, C, QT, ST, Ob, mx, ls, mb, b, h, q0, k0, keys):
         for i in T.vectorized(bq):
             mb[i] = mx[i]
         # Whole qk tiles, then one tile of the remaining rows (a remainder microkernel).
-        qk_tiles(Kf, Mf, Cf, QT, ST, mb, b, h, q0, k0, 0, qk.mr, keys // qk.mr)
+        qk_tiles(Kf, M, C, QT, ST, mb, b, h, q0, k0, 0, qk.mr, keys // qk.mr)
         if keys % qk.mr > 0:
-            qk_tiles(Kf, Mf, Cf, QT, ST, mb, b, h, q0, k0, keys - keys % qk.mr, keys % qk.mr, 1)
+            qk_tiles(Kf, M, C, QT, ST, mb, b, h, q0, k0, keys - keys % qk.mr, keys % qk.mr, 1)
         alpha = T.alloc_buffer((bq,), "float32")
         for i in T.vectorized(bq):
             alpha[i] = fast_exp(mx[i] - mb[i])
@@ -169,7 +163,12 @@ def attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.PrimF
                         i, T.ramp(v * lanes, 1, lanes)]
 
     @T.macro
-    def body(Qf, Kf, Vf, Mf, Cf, Of):
+    def body(Q, K, V, M, C, Out):
+        # Q, K, V and the output are read through flat views (their layouts' offsets: ``at``).
+        Qf = T.decl_buffer((numel["q"],), "float32", data=Q.data)
+        Kf = T.decl_buffer((numel["k"],), "float32", data=K.data)
+        Vf = T.decl_buffer((numel["v"],), "float32", data=V.data)
+        Of = T.decl_buffer((numel["o"],), "float32", data=Out.data)
         for t in T.parallel(tasks):
             QT = T.alloc_buffer((d, bq), "float32")
             ST = T.alloc_buffer((bk, bq), "float32")
@@ -191,10 +190,9 @@ def attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.PrimF
                     q0 + i < q_len, Qf[at("q", b, h, T.min(q0 + i, q_len - 1), c)],
                     T.float32(0))
             for kb in range(full_blocks):
-                key_block(Kf, Vf, Mf, Cf, QT, ST, Ob, mx, ls, mb, b, h, q0, kb * bk, bk)
+                key_block(Kf, Vf, M, C, QT, ST, Ob, mx, ls, mb, b, h, q0, kb * bk, bk)
             if tail > 0:
-                key_block(Kf, Vf, Mf, Cf, QT, ST, Ob, mx, ls, mb, b, h, q0, full_blocks * bk,
-                          tail)
+                key_block(Kf, Vf, M, C, QT, ST, Ob, mx, ls, mb, b, h, q0, full_blocks * bk, tail)
             for i in range(bq):
                 if q0 + i < q_len:
                     for c in T.vectorized(d):
@@ -204,73 +202,37 @@ def attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.PrimF
              ATTENTION_ATTR: knobs.describe(), FLOPS_ATTR: shape.flops, SHAPE_ATTR: shape.key}
     q_shape, k_shape, v_shape, o_shape = (
         shape.tensor_shape(layouts[n], sizes[n]) for n in ("q", "k", "v", "o"))
-    m_shape = tuple(shape.mask_shape or (1,))
-    c_shape = tuple(shape.cond_shape or (1,))
-    m_numel, c_numel = math.prod(m_shape), math.prod(c_shape)
+    m_shape, c_shape = shape.mask_shape, shape.cond_shape
 
     # One signature per combination of masks (absent ones are not parameters).
-    has = (shape.mask_shape is not None, shape.cond_shape is not None)
-    if has == (False, False):
+    if m_shape is None and c_shape is None:
         @T.prim_func(private=True)
-        def plain(
-                Q: T.Buffer(q_shape, "float32"),
-                K: T.Buffer(k_shape, "float32"),
-                V: T.Buffer(v_shape, "float32"),
-                Out: T.Buffer(o_shape, "float32")):
+        def plain(Q: T.Buffer(q_shape, "float32"), K: T.Buffer(k_shape, "float32"),
+                  V: T.Buffer(v_shape, "float32"), Out: T.Buffer(o_shape, "float32")):
             T.func_attr(attrs)
-            Qf = T.decl_buffer((numel["q"],), "float32", data=Q.data)
-            Kf = T.decl_buffer((numel["k"],), "float32", data=K.data)
-            Vf = T.decl_buffer((numel["v"],), "float32", data=V.data)
-            Of = T.decl_buffer((numel["o"],), "float32", data=Out.data)
-            body(Qf, Kf, Vf, None, None, Of)
+            body(Q, K, V, None, None, Out)
         return plain
-    elif has == (True, False):
+    if c_shape is None:
         @T.prim_func(private=True)
-        def additive(
-                Q: T.Buffer(q_shape, "float32"),
-                K: T.Buffer(k_shape, "float32"),
-                V: T.Buffer(v_shape, "float32"),
-                M: T.Buffer(m_shape, "float32"),
-                Out: T.Buffer(o_shape, "float32")):
+        def additive(Q: T.Buffer(q_shape, "float32"), K: T.Buffer(k_shape, "float32"),
+                     V: T.Buffer(v_shape, "float32"), M: T.Buffer(m_shape, "float32"),
+                     Out: T.Buffer(o_shape, "float32")):
             T.func_attr(attrs)
-            Qf = T.decl_buffer((numel["q"],), "float32", data=Q.data)
-            Kf = T.decl_buffer((numel["k"],), "float32", data=K.data)
-            Vf = T.decl_buffer((numel["v"],), "float32", data=V.data)
-            Mf = T.decl_buffer((m_numel,), "float32", data=M.data)
-            Of = T.decl_buffer((numel["o"],), "float32", data=Out.data)
-            body(Qf, Kf, Vf, Mf, None, Of)
+            body(Q, K, V, M, None, Out)
         return additive
-    elif has == (False, True):
+    if m_shape is None:
         @T.prim_func(private=True)
-        def boolean(
-                Q: T.Buffer(q_shape, "float32"),
-                K: T.Buffer(k_shape, "float32"),
-                V: T.Buffer(v_shape, "float32"),
-                C: T.Buffer(c_shape, "bool"),
-                Out: T.Buffer(o_shape, "float32")):
+        def boolean(Q: T.Buffer(q_shape, "float32"), K: T.Buffer(k_shape, "float32"),
+                    V: T.Buffer(v_shape, "float32"), C: T.Buffer(c_shape, "bool"),
+                    Out: T.Buffer(o_shape, "float32")):
             T.func_attr(attrs)
-            Qf = T.decl_buffer((numel["q"],), "float32", data=Q.data)
-            Kf = T.decl_buffer((numel["k"],), "float32", data=K.data)
-            Vf = T.decl_buffer((numel["v"],), "float32", data=V.data)
-            Cf = T.decl_buffer((c_numel,), "bool", data=C.data)
-            Of = T.decl_buffer((numel["o"],), "float32", data=Out.data)
-            body(Qf, Kf, Vf, None, Cf, Of)
+            body(Q, K, V, None, C, Out)
         return boolean
-    else:
-        @T.prim_func(private=True)
-        def both(
-                Q: T.Buffer(q_shape, "float32"),
-                K: T.Buffer(k_shape, "float32"),
-                V: T.Buffer(v_shape, "float32"),
-                M: T.Buffer(m_shape, "float32"),
-                C: T.Buffer(c_shape, "bool"),
-                Out: T.Buffer(o_shape, "float32")):
-            T.func_attr(attrs)
-            Qf = T.decl_buffer((numel["q"],), "float32", data=Q.data)
-            Kf = T.decl_buffer((numel["k"],), "float32", data=K.data)
-            Vf = T.decl_buffer((numel["v"],), "float32", data=V.data)
-            Mf = T.decl_buffer((m_numel,), "float32", data=M.data)
-            Cf = T.decl_buffer((c_numel,), "bool", data=C.data)
-            Of = T.decl_buffer((numel["o"],), "float32", data=Out.data)
-            body(Qf, Kf, Vf, Mf, Cf, Of)
-        return both
+
+    @T.prim_func(private=True)
+    def both(Q: T.Buffer(q_shape, "float32"), K: T.Buffer(k_shape, "float32"),
+             V: T.Buffer(v_shape, "float32"), M: T.Buffer(m_shape, "float32"),
+             C: T.Buffer(c_shape, "bool"), Out: T.Buffer(o_shape, "float32")):
+        T.func_attr(attrs)
+        body(Q, K, V, M, C, Out)
+    return both
