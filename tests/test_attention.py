@@ -39,9 +39,11 @@ ZNVER4 = tvm_hybrid.make_target({"kind": "llvm", "mcpu": "znver4", "num-cores": 
 RNG = np.random.default_rng(0)
 
 
-def _reference(q, k, v, mask, scale):
-    """softmax(scale * q k^T + mask) v in float64 (operands [.., s, d])."""
+def _reference(q, k, v, mask, scale, keep=None, fill=None):
+    """softmax(where(keep, scale * q k^T, fill) + mask) v in float64 (operands [.., s, d])."""
     s = np.einsum("...id,...jd->...ij", q.astype(np.float64), k.astype(np.float64)) * scale
+    if keep is not None:
+        s = np.where(keep, s, fill)
     if mask is not None:
         s = s + mask
     s = s - s.max(-1, keepdims=True)
@@ -84,19 +86,8 @@ def _run_kernel(shape: AttentionShape, target, mask, cond=None):
         got = got.transpose(0, 2, 1, 3)
     if cond is not None:  # where(cond, scores, fill) before the additive mask
         keep = cond if shape.keep_if else ~cond
-        return got, _reference_where(q, k, v, keep, shape.fill, mask, shape.scale or 1.0), ex
+        return got, _reference(q, k, v, mask, shape.scale or 1.0, keep, shape.fill), ex
     return got, _reference(q, k, v, mask, shape.scale or 1.0), ex
-
-
-def _reference_where(q, k, v, keep, fill, mask, scale):
-    s = np.einsum("...id,...jd->...ij", q.astype(np.float64), k.astype(np.float64)) * scale
-    s = np.where(keep, s, fill)
-    if mask is not None:
-        s = s + mask
-    s = s - s.max(-1, keepdims=True)
-    p = np.exp(s)
-    p /= p.sum(-1, keepdims=True)
-    return p @ v.astype(np.float64)
 
 
 CASES = [

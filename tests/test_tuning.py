@@ -379,3 +379,11 @@ def test_attention_knobs_are_tuned_and_applied(tmp_path, target, caplog):
     assert "do not apply" in caplog.text
     (info,) = [k for k in model.kernels.values() if "fused attention" in k.detail]
     assert info.detail == candidates[0].describe()
+    # A damaged record (a field missing) likewise: a warning, not a crash.
+    del data["attention"][0]["kept"]["qk"]
+    data["attention"][0]["kept"]["isa"] = kept.qk.isa
+    path.write_text(json.dumps(data))
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        model = tvm_hybrid.compile(wl.model, target, tuning_records=path)
+    assert "do not apply" in caplog.text

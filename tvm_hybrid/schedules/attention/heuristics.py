@@ -142,14 +142,17 @@ def variants(target: Target, shape: AttentionShape) -> list[AttentionKnobs]:
 
 def knobs_from_dict(target: Target, data: dict) -> AttentionKnobs | None:
     """The knobs :meth:`AttentionKnobs.as_dict` wrote, for ``target`` (None when its vector
-    family is not the one they were made for)."""
+    family is not the one they were made for, or ``data`` is not such a dict)."""
     family = best_vector_family(target, "float32")
-    if family is None or family.first.isa != data.get("isa"):
+    if family is None or not isinstance(data, dict) or family.first.isa != data.get("isa"):
         return None
-    (qk_mr, qk_nr), (pv_mr, pv_nr) = data["qk"], data["pv"]
-    return AttentionKnobs(dataclasses.replace(family.first, mr=int(qk_mr), nr=int(qk_nr)),
-                          dataclasses.replace(family.first, mr=int(pv_mr), nr=int(pv_nr)),
-                          int(data["k_block"]))
+    try:
+        (qk_mr, qk_nr), (pv_mr, pv_nr) = data["qk"], data["pv"]
+        return AttentionKnobs(dataclasses.replace(family.first, mr=int(qk_mr), nr=int(qk_nr)),
+                              dataclasses.replace(family.first, mr=int(pv_mr), nr=int(pv_nr)),
+                              int(data["k_block"]))
+    except (KeyError, TypeError, ValueError):  # a hand-edited or damaged record
+        return None
 
 
 #: Tuned knobs by workload key (``AttentionShape.key``), set while compiling with records.
