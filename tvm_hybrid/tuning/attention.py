@@ -95,11 +95,8 @@ def tune_attention(shape: AttentionShape, target: Target, measurer: Measurer, bu
     best = by_key[min(done)[1]]
     kept = heuristic
     if best.key != heuristic.key:
-        runs: list[list[float]] = [[], []]
-        for _ in range(CONFIRM_ROUNDS):
-            pair = measurer.measure([_module(shape, heuristic), _module(shape, best)], args_info)
-            for index, seconds in enumerate(pair):
-                runs[index] += seconds
+        runs = measurer.measure([_module(shape, heuristic), _module(shape, best)], args_info,
+                                rounds=CONFIRM_ROUNDS)
         if median(runs[1]) < median(runs[0]) * (1 - CONFIRM_MARGIN):
             kept = best
     record.kept = kept.as_dict()

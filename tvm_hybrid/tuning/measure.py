@@ -113,25 +113,34 @@ class Measurer:
             self.runner = ms.runner.RPCRunner(rpc_config=rpc.config(),
                                               evaluator_config=evaluator, max_workers=1)
 
-    def measure(self, mods: list[tvm.IRModule], args_info) -> list[list[float]]:
-        """Seconds of each repeat for each scheduled module (``[inf]`` when it failed)."""
+    def measure(self, mods: list[tvm.IRModule], args_info,
+                rounds: int = 1) -> list[list[float]]:
+        """Seconds of each repeat for each scheduled module (``[inf]`` when it failed).
+
+        With ``rounds`` above 1 the modules are built once and timed in turn ``rounds`` times
+        (interleaved, so that a slow moment of the machine hits them alike), their repeats
+        concatenated.
+        """
         built = [self._build(m) for m in mods]
-        if self.runner is not None:
-            return self._measure_remote(built, args_info)
-        args = [_random_tensor(info) for info in args_info]
-        times = []
-        for lib in built:
-            if lib is None:
-                times.append([math.inf])
-                continue
-            try:
-                timer = lib.time_evaluator("main", tvm.cpu(), number=1, repeat=self.repeat,
-                                           min_repeat_ms=self.min_repeat_ms)
-                times.append(list(timer(*args).results))
-            except Exception as err:  # noqa: BLE001 - a failed candidate is just slow
-                logger.debug("candidate failed to run: %s", err)
-                times.append([math.inf])
+        times: list[list[float]] = [[] for _ in mods]
+        args = [_random_tensor(info) for info in args_info] if self.runner is None else None
+        for _ in range(rounds):
+            runs = (self._measure_remote(built, args_info) if self.runner is not None
+                    else [self._run(lib, args) for lib in built])
+            for index, seconds in enumerate(runs):
+                times[index] += seconds
         return times
+
+    def _run(self, lib, args) -> list[float]:
+        if lib is None:
+            return [math.inf]
+        try:
+            timer = lib.time_evaluator("main", tvm.cpu(), number=1, repeat=self.repeat,
+                                       min_repeat_ms=self.min_repeat_ms)
+            return list(timer(*args).results)
+        except Exception as err:  # noqa: BLE001 - a failed candidate is just slow
+            logger.debug("candidate failed to run: %s", err)
+            return [math.inf]
 
     def _build(self, mod: tvm.IRModule):
         try:

@@ -352,10 +352,7 @@ def _confirm(task: Task, entry: TaskRecords, measurer: Measurer, target: Target,
     if best is None or heuristic is None or best.key == heuristic.key or best.config is None:
         return
     pair = [task.space.schedule(heuristic.config), task.space.schedule(best.config)]
-    runs: list[list[float]] = [[], []]
-    for _ in range(CONFIRM_ROUNDS):
-        for index, seconds in enumerate(measurer.measure([s.mod for s in pair], args_info)):
-            runs[index] += seconds
+    runs = measurer.measure([s.mod for s in pair], args_info, rounds=CONFIRM_ROUNDS)
     again = [median(r) for r in runs]
     if not again[1] < again[0] * (1 - CONFIRM_MARGIN):
         logger.info("%s: %s did not beat the heuristic again (%.4f vs %.4f ms); keeping it",
