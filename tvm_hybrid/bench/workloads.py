@@ -256,6 +256,44 @@ def attention(batch: int, seq: int, *, heads: int = 12, head_dim: int = 64,
     return Workload(f"mha_b{batch}_s{seq}{suffix}", proto, inputs, flops)
 
 
+def qdq_attention(batch: int, seq: int, *, heads: int = 12, head_dim: int = 64,
+                  seed: int = 0, probs_dtype: str = "uint8") -> Workload:
+    """:func:`attention` quantized as ONNX Runtime's QDQ quantizer writes it.
+
+    ``Q``, ``K`` and ``V`` are quantized to u8 (per tensor, asymmetric, calibrated on the
+    workload's inputs) and dequantized before the matmuls, ``K``'s transpose sits between two
+    QDQ pairs of the same parameters, and the softmax output is quantized with a scale of
+    1/256 (zero point 0 for ``probs_dtype`` u8, -128 for s8) before ``P . V``. The output is
+    fp32.
+    """
+    fp32 = attention(batch, seq, heads=heads, head_dim=head_dim, seed=seed)
+    g = _Graph(seed)
+
+    def qdq(name: str, values: np.ndarray) -> str:
+        low, high = min(float(values.min()), 0.0), max(float(values.max()), 0.0)
+        scale = np.float32(max(high - low, 1e-6) / 255)
+        zero = np.uint8(np.clip(round(-low / float(scale)), 0, 255))
+        s, z = g.const(np.array(scale), "s"), g.const(np.array(zero), "z")
+        return g.op("DequantizeLinear", g.op("QuantizeLinear", name, s, z), s, z), s, z
+
+    q, _, _ = qdq("q", fp32.inputs["q"])
+    k, ks, kz = qdq("k", fp32.inputs["k"])
+    kt = g.op("Transpose", k, perm=[0, 1, 3, 2])
+    kt = g.op("DequantizeLinear", g.op("QuantizeLinear", kt, ks, kz), ks, kz)
+    v, _, _ = qdq("v", fp32.inputs["v"])
+    scores = g.op("Div", g.op("MatMul", q, kt),
+                  g.const(np.array(math.sqrt(head_dim), "float32")))
+    probs = g.op("Softmax", g.op("Add", scores, "mask"), axis=-1)
+    p_zero = np.uint8(0) if probs_dtype == "uint8" else np.int8(-128)
+    ps, pz = g.const(np.array(1 / 256, np.float32), "s"), g.const(np.array(p_zero), "z")
+    probs = g.op("DequantizeLinear", g.op("QuantizeLinear", probs, ps, pz), ps, pz)
+    out = g.op("MatMul", probs, v)
+    proto = g.model("qdq_mha", list(fp32.model.graph.input),
+                    [_value(out, (batch, heads, seq, head_dim))])
+    suffix = "" if probs_dtype == "uint8" else "_s8"
+    return Workload(f"qdq_{fp32.name}{suffix}", proto, dict(fp32.inputs), fp32.flops)
+
+
 def bert_layer(batch: int, seq: int, *, hidden: int = 768, heads: int = 12, ffn: int = 3072,
                seed: int = 0) -> Workload:
     """One BERT encoder layer (post-LN), as exported from PyTorch.

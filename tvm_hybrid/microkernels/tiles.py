@@ -103,6 +103,25 @@ def plain_tile_functions(kernel: Microkernel, kc: int):
     return tile_function(*buffers, desc), tile_function(*buffers, broadcast_fma(kernel, kc))
 
 
+def grouped_updates(kernel: Microkernel, kc: int, update, annotations=None):
+    """The vector body of an ``mr x nr`` tile of a grouped family over ``kc`` steps, a
+    ``T.macro`` over ``A[mr, kc]``, ``B[kc / group, nr, group]`` and ``C[mr, nr]`` (any
+    strides): per group of ``k``, row and vector, ``C = update(C, A, B, i, g, v)``. The tile
+    intrinsics below and the quantized attention kernel (``schedules/attention``) share it."""
+    mr, lanes = kernel.mr, kernel.lanes
+    rows, vectors = kc // kernel.k_step, kernel.nr // lanes
+
+    @T.macro
+    def body(A, B, C):
+        for g in T.serial(rows, annotations=annotations):
+            for i in T.unroll(mr):
+                for v in T.unroll(vectors):
+                    C[i, T.ramp(v * lanes, 1, lanes)] = update(
+                        C[i, T.ramp(v * lanes, 1, lanes)], A, B, i, g, v)
+
+    return body
+
+
 def grouped_tile_functions(kernel: Microkernel, kc: int, b_dtype: str, update,
                            annotations=None):
     """The (description, implementation) pair of a tile whose ``B`` is packed with ``group =
@@ -114,17 +133,9 @@ def grouped_tile_functions(kernel: Microkernel, kc: int, b_dtype: str, update,
     ``C = update(C, A, B, i, g, v)``, where ``update`` returns the vector expression of one
     ISA's instructions (VNNI: group 4; s16 and bf16: 2).
     """
-    mr, nr, group, lanes = kernel.mr, kernel.nr, kernel.k_step, kernel.lanes
-    rows, vectors = kc // group, nr // lanes
-
-    @T.macro
-    def vector_updates(A, B, C):
-        for g in T.serial(rows, annotations=annotations):
-            for i in T.unroll(mr):
-                for v in T.unroll(vectors):
-                    C[i, T.ramp(v * lanes, 1, lanes)] = update(
-                        C[i, T.ramp(v * lanes, 1, lanes)], A, B, i, g, v)
-
+    mr, nr, group = kernel.mr, kernel.nr, kernel.k_step
+    rows = kc // group
+    vector_updates = grouped_updates(kernel, kc, update, annotations)
     buffers = ((mr, kc), (rows, nr, group), (group, 1),
                (kernel.in_dtype, b_dtype, kernel.acc_dtype), (mr, nr))
     desc = reference_update(mr, nr, kc, kernel.acc_dtype,

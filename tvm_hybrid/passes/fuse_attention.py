@@ -32,6 +32,12 @@ from tvm import relax
 from tvm.ir.prim.expr import IntImm
 
 from ..schedules.attention import AttentionShape, attention_kernel, knobs_for
+from ..schedules.attention.quantized_kernel import (
+    attention_prep_kernel,
+    prep_shapes,
+    quantized_attention_kernel,
+)
+from ..schedules.attention.workload import Quantization
 from .relax_rewrite import (
     TargetMutator,
     TargetPass,
@@ -46,6 +52,8 @@ logger = logging.getLogger(__name__)
 
 #: Name prefix of the fused attention kernels.
 FUSED_ATTENTION = "hybrid_attention"
+#: Name prefix of an int8 attention's preparation kernel (``K``'s sums, ``V``'s words).
+ATTENTION_PREP = "hybrid_attention_prep"
 
 
 def _shape(expr: relax.Expr, dtype: str = "float32") -> tuple[int, ...] | None:
@@ -99,9 +107,7 @@ class _Fuser(TargetMutator):
             self.builder_.emit_normalized(relax.VarBinding(binding.var, value))
             return
         shape, operands, absorbed = fused
-        gvar = self.builder_.add_func(attention_kernel(shape, knobs), FUSED_ATTENTION)
-        out = relax.TensorType(shape.tensor_shape(shape.out_layout, shape.q_len), "float32")
-        call = relax.call_tir(gvar, operands, out)
+        call = self._kernel_call(shape, knobs, operands)
         if isinstance(binding.var, relax.DataflowVar):
             new = self.builder_.emit(call, name_hint=binding.var.name)
         else:
@@ -109,6 +115,21 @@ class _Fuser(TargetMutator):
         self.set_var_remap(binding.var, new)
         self.absorbed[new] = [*absorbed, binding.var]
         logger.debug("fused %s: %s", shape.describe(), knobs.describe())
+
+    def _kernel_call(self, shape: AttentionShape, knobs, operands: list) -> relax.Call:
+        """The ``call_tir`` of the fused kernel on ``operands`` (``Q, K, V, masks``); an int8
+        attention's ``K`` and ``V`` first go through its preparation kernel."""
+        out = relax.TensorType(shape.tensor_shape(shape.out_layout, shape.q_len), "float32")
+        if shape.quant is None:
+            gvar = self.builder_.add_func(attention_kernel(shape, knobs), FUSED_ATTENTION)
+            return relax.call_tir(gvar, operands, out)
+        q, k, v, *masks = operands
+        prep = self.builder_.add_func(attention_prep_kernel(shape), ATTENTION_PREP)
+        prepared = self.builder_.emit(relax.call_tir(
+            prep, [k, v], [relax.TensorType(s, "int32") for s in prep_shapes(shape)]))
+        sums_and_words = [self.builder_.emit(relax.TupleGetItem(prepared, i)) for i in range(3)]
+        gvar = self.builder_.add_func(quantized_attention_kernel(shape, knobs), FUSED_ATTENTION)
+        return relax.call_tir(gvar, [q, k, *sums_and_words, *masks], out)
 
     # -- matching ------------------------------------------------------------------------
 
@@ -120,8 +141,9 @@ class _Fuser(TargetMutator):
         if not is_op(value, "relax.matmul") or _shape(value) is None:
             return None
         probs_var, v = value.args
-        probs = bound_value(self, probs_var)
-        if not (is_op(probs, "relax.nn.softmax") and self._single(probs_var)):
+        softmax_var, p_quant, p_vars = self._quantized_probs(probs_var)
+        probs = bound_value(self, softmax_var)
+        if not (is_op(probs, "relax.nn.softmax") and self._single(softmax_var)):
             return None
         rank = len(_shape(value))
         if rank not in (3, 4) or int(probs.attrs.axis) not in (-1, rank - 1):
@@ -150,9 +172,14 @@ class _Fuser(TargetMutator):
         if dv != d or any(s[:-2] != tuple(lead) for s in shapes):
             return None
         batch, heads = (lead[0], lead[1]) if rank == 4 else (lead[0], 1)
-        q_src, q_layout = self._split_heads(q, rank)
-        k_src, k_layout = self._keys(kt, rank)
-        v_src, v_layout = self._split_heads(v, rank)
+        quantized = p_quant is not None
+        reads = [self._operand(x, rank, x is kt, quantized) for x in (q, kt, v)]
+        if quantized and (cond is not None or any(r is None for r in reads)
+                          or reads[1][1] == "bhds"):
+            return None  # int8: u8 Q, K, V read in bhsd/bshd, an additive mask at most
+        (q_src, q_layout, q_quant, q_vars), (k_src, k_layout, k_quant, k_vars), \
+            (v_src, v_layout, v_quant, v_vars) = reads
+        quant = Quantization(*q_quant, *k_quant, *v_quant, *p_quant) if quantized else None
         operands = [q_src, k_src, v_src]
         masks = {}
         for name, given, dtype in (("mask", mask, "float32"), ("cond", cond and cond[0], "bool")):
@@ -165,10 +192,8 @@ class _Fuser(TargetMutator):
         fill, keep_if = (cond[1], cond[2]) if cond is not None else (0.0, True)
         shape = AttentionShape(batch, heads, q_len, kv_len, d, q_layout, k_layout, v_layout,
                                "bhsd", rank, masks.get("mask"), scale, masks.get("cond"),
-                               fill, keep_if)
-        absorbed = [probs_var, *chain]
-        for start, source in ((q, q_src), (kt, k_src), (v, v_src)):
-            absorbed += self._read_through(start, source)
+                               fill, keep_if, quant)
+        absorbed = [*p_vars, softmax_var, *chain, *q_vars, *k_vars, *v_vars]
         return shape, operands, absorbed
 
     def _head_merge(self, value: relax.Expr):
@@ -182,16 +207,20 @@ class _Fuser(TargetMutator):
         shape, operands, absorbed, attention = found
         return dataclasses.replace(shape, out_layout="bshd"), operands, [*absorbed, attention]
 
-    def _read_through(self, var: relax.Expr, source: relax.Expr) -> list[relax.Var]:
-        """The permutations' variables from ``var`` down to the ``source`` read in place."""
-        out = []
-        while isinstance(var, relax.Var) and not var.same_as(source):
-            out.append(var)
-            node = bound_value(self, var)
-            if not is_op(node, "relax.permute_dims"):
-                break
-            var = node.args[0]
-        return out
+    def _quantized_probs(self, probs: relax.Expr):
+        """``(softmax, (sp, zp), vars)`` for ``dequantize(quantize(softmax, sp, zp), sp, zp)``
+        (``u8`` or ``s8``, each single-use; ``zp`` as a ``u8`` zero point), else
+        ``(probs, None, [])``."""
+        dq = bound_value(self, probs)
+        params = _quant_params(self, dq)
+        if params is None or not is_op(dq, "relax.dequantize") or not self._single(probs):
+            return probs, None, []
+        q_var = dq.args[0]
+        q = bound_value(self, q_var)
+        if not (is_op(q, "relax.quantize") and self._single(q_var)) \
+                or _quant_params(self, q) != params:
+            return probs, None, []
+        return q.args[0], params, [probs, q_var]
 
     def _unmask(self, expr: relax.Expr):
         """``(scores, mask)`` for ``scores + mask`` (either order), or ``(expr, None)``."""
@@ -247,24 +276,38 @@ class _Fuser(TargetMutator):
                 return product, (1.0 / c if name == "relax.divide" else c)
         return expr, None
 
-    def _split_heads(self, x: relax.Expr, rank: int):
-        """``x`` or, for ``permute_dims(y, [0, 2, 1, 3])``, ``y`` read as ``bshd``."""
-        node = bound_value(self, x)
-        if rank == 4 and is_op(node, "relax.permute_dims") and _axes(node) == (0, 2, 1, 3) \
-                and _shape(node.args[0]) is not None:
-            return node.args[0], "bshd"
-        return x, "bhsd"
-
-    def _keys(self, kt: relax.Expr, rank: int):
-        """Where ``K`` is read from ``KT`` (``[.., d, kv]``) and its layout."""
-        node = bound_value(self, kt)
-        if is_op(node, "relax.permute_dims") and _shape(node.args[0]) is not None:
-            axes = _axes(node)
-            if axes == ((0, 1, 3, 2) if rank == 4 else (0, 2, 1)):
-                return self._split_heads(node.args[0], rank)
-            if rank == 4 and axes == (0, 2, 3, 1):
-                return node.args[0], "bshd"
-        return kt, "bhds"
+    def _operand(self, expr: relax.Expr, rank: int, keys: bool, quantized: bool):
+        """Where the kernel reads the operand ``expr`` (``[.., s, d]``, or ``K^T``'s
+        ``[.., d, s]`` when ``keys``): ``(source, layout, quantization, vars)``, reading
+        through ``permute_dims`` (composed) and, when ``quantized``, one per-tensor ``u8``
+        ``dequantize`` (``quantization``: its ``(scale, zero)``; a ``quantize`` and
+        ``dequantize`` of the same parameters around a permutation, as QDQ quantizers leave
+        them, read through too). ``vars``: the variables read through. The deepest source
+        whose order is a layout (``workload``) wins; None when none is (``quantized``: none
+        dequantized)."""
+        perm, dq, pending, read = tuple(range(rank)), None, None, []
+        found = None if quantized else (expr, _layout(perm, keys), None, [])
+        while isinstance(expr, relax.Var):
+            node = bound_value(self, expr)
+            params = _quant_params(self, node)
+            if is_op(node, "relax.permute_dims") and _axes(node) is not None:
+                perm = tuple(_axes(node)[p] for p in perm)
+            elif quantized and is_op(node, "relax.dequantize") and params is not None \
+                    and (dq is None or params == pending):
+                dq, pending = params, None
+            elif dq is not None and pending is None and is_op(node, "relax.quantize") \
+                    and params == dq:
+                pending = dq  # requantized with the same parameters: the identity
+            else:
+                break
+            read.append(expr)
+            expr = node.args[0]
+            layout = _layout(perm, keys)
+            dtype = "uint8" if dq is not None else "float32"
+            if layout and pending is None and (dq is not None) == quantized \
+                    and _shape(expr, dtype) is not None:
+                found = (expr, layout, dq, list(read))
+        return found
 
     def _mask(self, mask: relax.Expr, rank: int, scores: tuple[int, ...], dtype: str):
         """The mask's 4-d broadcast shape and the mask reshaped to it, or ``(None, None)``."""
@@ -278,6 +321,31 @@ class _Fuser(TargetMutator):
         if four != _shape(mask, dtype):
             mask = self.builder_.emit(relax.op.reshape(mask, list(four)))
         return four, mask
+
+
+def _layout(perm: tuple[int, ...], keys: bool) -> str | None:
+    """The layout of a tensor whose dimensions, permuted by ``perm``, are ``[.., s, d]``
+    (``[.., d, s]`` when ``keys``), or None."""
+    if len(perm) == 3:
+        table = {(0, 2, 1): "bhsd", (0, 1, 2): "bhds"} if keys else {(0, 1, 2): "bhsd"}
+    else:
+        table = ({(0, 1, 3, 2): "bhsd", (0, 2, 3, 1): "bshd", (0, 1, 2, 3): "bhds"} if keys
+                 else {(0, 1, 2, 3): "bhsd", (0, 2, 1, 3): "bshd"})
+    return table.get(perm)
+
+
+def _quant_params(mutator, node) -> tuple[float, int] | None:
+    """``(scale, zero)`` of a per-tensor ``quantize`` to / ``dequantize`` from ``u8`` or
+    ``s8`` (its zero point as a ``u8`` one: ``s8`` plus 128), else None."""
+    if not (is_op(node, "relax.quantize") or is_op(node, "relax.dequantize")):
+        return None
+    dtype = str(node.attrs.out_dtype) if is_op(node, "relax.quantize") else \
+        str(getattr(node.args[0].ty, "dtype", ""))
+    scale, zero = (constant_value(mutator, a) for a in node.args[1:3])
+    if dtype not in ("uint8", "int8") or scale is None or zero is None or scale.size != 1 \
+            or zero.size != 1 or not float(scale.reshape(())) > 0:
+        return None
+    return float(scale.reshape(())), int(zero.reshape(())) + (128 if dtype == "int8" else 0)
 
 
 @tvm.transform.module_pass(opt_level=0, name="FuseAttention")

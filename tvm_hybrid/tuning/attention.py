@@ -55,13 +55,14 @@ class AttentionRecord:
 
 
 def attention_workloads(mod: tvm.IRModule) -> list[AttentionShape]:
-    """The distinct attention workloads of a prepared module (its fused attention kernels)."""
+    """The distinct fp32 attention workloads of a prepared module (its fused attention
+    kernels; int8 attention keeps its heuristic knobs, not searched yet)."""
     found = []
     for func in mod.functions.values():
         attrs = getattr(func, "attrs", None) or {}
         if isinstance(func, tvm.tirx.PrimFunc) and SHAPE_ATTR in attrs:
             shape = AttentionShape.from_key(str(attrs[SHAPE_ATTR]))
-            if shape not in found:
+            if shape.quant is None and shape not in found:
                 found.append(shape)
     return found
 

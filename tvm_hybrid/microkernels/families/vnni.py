@@ -15,23 +15,36 @@ from ..registry import register_family
 from ..tiles import grouped_tile_functions
 
 
-def vnni_tile_functions(kernel: Microkernel, kc: int):
-    """``C[mr, nr] (s32) += A[mr, kc] (u8) * B[kc / 4, nr, 4] (s8)`` with ``vpdpbusd``."""
+def vnni_update(kernel: Microkernel, a_words: bool = False, b_words: bool = False):
+    """The vector update of :func:`~..tiles.grouped_updates` on ``vpdpbusd``: the 4 ``u8`` of
+    ``A[i, 4g:4g + 4]`` broadcast, times the ``s8`` of ``B[g, v * lanes:, 0:4]``.
+
+    With ``a_words`` (``b_words``) that operand holds its groups of 4 bytes as ``int32`` words
+    instead: ``A[g, i]`` (``B[g, v * lanes:]``); the quantized attention kernel's packed
+    operands are such.
+    """
     lanes = kernel.lanes
-    if kc % 4:
-        raise ValueError(f"the VNNI microkernel needs K % 4 == 0, got K = {kc}")
     byte_lanes = lanes * 4
     intrinsic = f"llvm.x86.avx512.vpdpbusd.{kernel.vector_bits}"
 
     def update(acc, A, B, i, g, v):
-        a_bytes = T.reinterpret(T.broadcast(T.reinterpret(A.vload([i, g * 4], "uint8x4"),
-                                                          dtype="int32"), lanes),
-                                dtype=f"int8x{byte_lanes}")
+        a_word = A[g, i] if a_words else T.reinterpret(A.vload([i, g * 4], "uint8x4"),
+                                                       dtype="int32")
+        b_bytes = T.reinterpret(B.vload([g, v * lanes], f"int32x{lanes}"),
+                                dtype=f"int8x{byte_lanes}") if b_words else B.vload(
+            [g, v * lanes, 0], f"int8x{byte_lanes}")
+        a_bytes = T.reinterpret(T.broadcast(a_word, lanes), dtype=f"int8x{byte_lanes}")
         return T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id(intrinsic), acc, a_bytes,
-                                       B.vload([g, v * lanes, 0], f"int8x{byte_lanes}"),
-                                       dtype=f"int32x{lanes}")
+                                       b_bytes, dtype=f"int32x{lanes}")
 
-    return grouped_tile_functions(kernel, kc, "int8", update)
+    return update
+
+
+def vnni_tile_functions(kernel: Microkernel, kc: int):
+    """``C[mr, nr] (s32) += A[mr, kc] (u8) * B[kc / 4, nr, 4] (s8)`` with ``vpdpbusd``."""
+    if kc % 4:
+        raise ValueError(f"the VNNI microkernel needs K % 4 == 0, got K = {kc}")
+    return grouped_tile_functions(kernel, kc, "int8", vnni_update(kernel))
 
 
 AVX512_VNNI = register_family(Family(

@@ -26,6 +26,13 @@ Rules, in order:
 
 No knobs (None) when the head dimension is not a whole number of vectors or the target has no
 fp32 vector family: the attention then stays unfused.
+
+An int8 (QDQ) attention (``shape.quant``) runs on the target's VNNI family (``u8 x s8``,
+``vpdpbusd``; none on AVX2-only CPUs: it then stays unfused, in the per-op kernels): the
+query block as above, ``qk`` the tallest tile of at most :data:`INT8_ROWS` rows (keys) that
+fits the registers, ``pv`` the tallest such tile whose rows (head channels) divide the head
+dimension; both span the query block, and every key is one block (the kernel quantizes the
+probabilities after the whole softmax). Not tuned yet: the heuristic's knobs only.
 """
 
 from __future__ import annotations
@@ -49,6 +56,8 @@ STACK_BYTES = 1024
 TILE_BYTES = 1024
 #: Keys per online-softmax step.
 KEY_BLOCK = 128
+#: The most rows of an int8 attention tile (4 x 64 on AVX-512: 16 accumulators).
+INT8_ROWS = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,8 +99,29 @@ def register_tiles(family) -> list[Microkernel]:
     return out
 
 
+def _query_block(lanes: int, q_len: int) -> int:
+    """Four vectors of queries, or two when that pads fewer."""
+    return min((4 * lanes, 2 * lanes), key=lambda n: -(-q_len // n) * n)
+
+
+def _int8_knobs(target: Target, shape: AttentionShape) -> AttentionKnobs | None:
+    family = best_vector_family(target, "uint8")
+    if family is None or family.first.k_step != 4 or shape.head_dim % 4:
+        return None
+    q_block = _query_block(family.first.lanes, shape.q_len)
+    tiles = [dataclasses.replace(family.first, mr=mr, nr=q_block)
+             for mr in range(INT8_ROWS, 0, -1)]
+    tiles = [t for t in tiles if t.fits_registers()]
+    pv = [t for t in tiles if shape.head_dim % t.mr == 0]
+    if not tiles or not pv:
+        return None
+    return AttentionKnobs(tiles[0], pv[0], shape.kv_len)
+
+
 def choose_knobs(target: Target, shape: AttentionShape) -> AttentionKnobs | None:
     """The heuristic knobs of ``shape`` on ``target`` (module docstring), or None."""
+    if shape.quant is not None:
+        return _int8_knobs(target, shape)
     family = best_vector_family(target, "float32")
     if family is None or family.first.in_dtype != "float32" or family.first.k_step != 1:
         return None
@@ -99,7 +129,7 @@ def choose_knobs(target: Target, shape: AttentionShape) -> AttentionKnobs | None
     if shape.head_dim % lanes:
         return None
     tiles = register_tiles(family)
-    q_block = min((4 * lanes, 2 * lanes), key=lambda n: -(-shape.q_len // n) * n)
+    q_block = _query_block(lanes, shape.q_len)
     qk = [t for t in tiles if t.nr == q_block and t.mr * t.nr * 4 < STACK_BYTES]
     pv = [t for t in tiles if shape.head_dim % t.nr == 0 and q_block % t.mr == 0]
     if not qk or not pv:
@@ -112,6 +142,10 @@ def choose_knobs(target: Target, shape: AttentionShape) -> AttentionKnobs | None
 def fits(shape: AttentionShape, knobs: AttentionKnobs) -> bool:
     """Whether ``knobs`` can compute ``shape`` (the kernel covers every query and channel)."""
     qk, pv = knobs.qk, knobs.pv
+    if shape.quant is not None:
+        return (qk.k_step == pv.k_step == 4 and qk.nr == pv.nr and qk.nr % qk.lanes == 0
+                and qk.fits_registers() and pv.fits_registers() and shape.head_dim % 4 == 0
+                and shape.head_dim % pv.mr == 0 and knobs.k_block == shape.kv_len)
     return (qk.nr % qk.lanes == 0 and pv.nr % pv.lanes == 0 and qk.fits_registers()
             and pv.fits_registers() and shape.head_dim % pv.nr == 0
             and knobs.q_block % pv.mr == 0 and shape.head_dim % qk.lanes == 0
@@ -123,8 +157,8 @@ def variants(target: Target, shape: AttentionShape) -> list[AttentionKnobs]:
     of two and four vectors, the two tallest ``qk`` tiles, the three best-ranked ``pv`` tiles
     and key blocks of about 64, 128 and 256 keys."""
     heuristic = choose_knobs(target, shape)
-    if heuristic is None:
-        return []
+    if heuristic is None or shape.quant is not None:
+        return [heuristic] if heuristic is not None else []
     family = best_vector_family(target, "float32")
     lanes, tiles = family.first.lanes, register_tiles(family)
     out = [heuristic]

@@ -67,6 +67,19 @@ def _mask_index(mask_shape: tuple[int, ...], b, h, q, k) -> tuple:
     return tuple(i if dim != 1 else 0 for i, dim in zip(index, mask_shape))
 
 
+def apply_masks(shape: AttentionShape, value, M, C, b, h, q, k):
+    """A score after the boolean mask ``C``, then the additive mask ``M`` (those ``shape``
+    has), at ``(b, h, q, k)``."""
+    if shape.cond_shape is not None:
+        keep = C[_mask_index(shape.cond_shape, b, h, q, k)]
+        fill = T.float32(shape.fill)
+        value = T.if_then_else(keep, value, fill) if shape.keep_if else \
+            T.if_then_else(keep, fill, value)
+    if shape.mask_shape is not None:
+        value = value + M[_mask_index(shape.mask_shape, b, h, q, k)]
+    return value
+
+
 def attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.PrimFunc:
     """The fused attention PrimFunc of ``shape`` with ``knobs`` (module docstring).
 
@@ -91,17 +104,6 @@ def attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.PrimF
     def at(name, b, h, row, col):
         return element_offset(layouts[name], shape, sizes[name], b, h, row, col)
 
-    def masked(value, M, C, b, h, q, k):
-        """A score after the boolean mask ``C``, then the additive mask ``M``."""
-        if shape.cond_shape is not None:
-            keep = C[_mask_index(shape.cond_shape, b, h, q, k)]
-            fill = T.float32(shape.fill)
-            value = T.if_then_else(keep, value, fill) if shape.keep_if else \
-                T.if_then_else(keep, fill, value)
-        if shape.mask_shape is not None:
-            value = value + M[_mask_index(shape.mask_shape, b, h, q, k)]
-        return value
-
     qk_vectors, pv_vectors = qk.nr // lanes, pv.nr // lanes
     pv_tile = {kc: broadcast_fma(pv, kc) for kc in {bk, tail} if kc}
 
@@ -120,8 +122,8 @@ def attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.PrimF
             tile(keys_in, QT, acc)
             for j in T.unroll(rows):
                 for i in T.vectorized(bq):
-                    ST[row0 + jt * rows + j, i] = masked(
-                        acc[j, i] * scale, M, C, b, h, T.min(q0 + i, q_len - 1),
+                    ST[row0 + jt * rows + j, i] = apply_masks(
+                        shape, acc[j, i] * scale, M, C, b, h, T.min(q0 + i, q_len - 1),
                         k0 + row0 + jt * rows + j)
                     mb[i] = T.max(mb[i], ST[row0 + jt * rows + j, i])
 

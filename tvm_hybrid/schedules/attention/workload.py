@@ -28,6 +28,25 @@ LAYOUTS = ("bhsd", "bshd", "bhds")
 
 
 @dataclasses.dataclass(frozen=True)
+class Quantization:
+    """The per-tensor quantization of an int8 (QDQ) attention: ``x = scale * (q - zero)``.
+
+    ``Q``, ``K`` and ``V`` are ``u8`` tensors of their ``(scale, zero)``; the softmax output is
+    quantized to ``p_scale``, ``p_zero`` (``p_zero`` as a ``u8`` zero point: an ``s8``
+    quantization's zero point plus 128, the same integers shifted).
+    """
+
+    q_scale: float
+    q_zero: int
+    k_scale: float
+    k_zero: int
+    v_scale: float
+    v_zero: int
+    p_scale: float
+    p_zero: int
+
+
+@dataclasses.dataclass(frozen=True)
 class AttentionShape:
     """One fused attention.
 
@@ -48,6 +67,9 @@ class AttentionShape:
         A boolean mask (``where(cond, scores, fill)``, GPT's causal mask): its 4-d shape, the
         value of masked scores, and the ``cond`` value that keeps a score; applied before the
         additive mask. ``cond_shape`` None: none.
+    quant
+        For an int8 (QDQ) attention, the quantization of its operands and probabilities
+        (``Q``, ``K``, ``V`` are then ``u8``); None for fp32.
     """
 
     batch: int
@@ -65,6 +87,7 @@ class AttentionShape:
     cond_shape: tuple[int, ...] | None = None
     fill: float = 0.0
     keep_if: bool = True
+    quant: Quantization | None = None
 
     def __post_init__(self):
         for name in ("q_layout", "k_layout", "v_layout", "out_layout"):
@@ -83,6 +106,8 @@ class AttentionShape:
         for name in ("mask_shape", "cond_shape"):
             if data.get(name) is not None:
                 data[name] = tuple(data[name])
+        if data.get("quant") is not None:
+            data["quant"] = Quantization(**data["quant"])
         return cls(**data)
 
     @property
@@ -101,6 +126,8 @@ class AttentionShape:
         mask = "no mask" if self.mask_shape is None else f"mask {list(self.mask_shape)}"
         if self.cond_shape is not None:
             mask += f", boolean mask {list(self.cond_shape)}"
+        if self.quant is not None:
+            mask += ", int8 QDQ"
         return (f"attention b{self.batch} h{self.heads} q{self.q_len} kv{self.kv_len} "
                 f"d{self.head_dim} (Q {self.q_layout}, K {self.k_layout}, V {self.v_layout}, "
                 f"out {self.out_layout}, {mask})")

@@ -1,0 +1,217 @@
+"""int8 (QDQ) fused attention: ``schedules/attention/quantized_kernel.py`` and its matching in
+``FuseAttention``.
+
+The kernel's integer products are exact; its softmax is fp32, so a probability within float
+rounding of a quantization boundary may round to the neighbouring step. The numeric tests run
+it (VNNI hosts) against an integer reference of the same arithmetic (float64 softmax) and
+require most rows to be bit-identical and every difference to be at most the effect of a few
+such steps; the end-to-end tests compare against ONNX Runtime's QDQ result (which quantizes
+the probabilities its own way) within the same bound. The assembly test compiles for a named
+AVX-512 VNNI CPU and reads the code on any host.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pytest
+import tvm
+from onnx import numpy_helper
+from tvm import relax
+from tvm.relax.frontend.onnx import from_onnx
+
+import tvm_hybrid
+from tvm_hybrid import passes
+from tvm_hybrid.bench import workloads
+from tvm_hybrid.host import host_target
+from tvm_hybrid.passes.fuse_attention import ATTENTION_PREP, FUSED_ATTENTION
+from tvm_hybrid.schedules.attention import ATTENTION_ATTR, AttentionShape, choose_knobs
+from tvm_hybrid.schedules.attention.quantized_kernel import (
+    attention_prep_kernel,
+    prep_shapes,
+    quantized_attention_kernel,
+)
+from tvm_hybrid.schedules.attention.workload import Quantization
+
+HASWELL = tvm_hybrid.make_target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
+ZNVER5 = tvm_hybrid.make_target({"kind": "llvm", "mcpu": "znver5", "num-cores": 2})
+
+
+def _integer_reference(q8, k8, v8, mask, scale, qt: Quantization):
+    """The kernel's arithmetic: exact integer products, the softmax in float64, ``P``
+    quantized (round half to even), the output ``float32(acc) * float32(sp * sv)``."""
+    acc = np.einsum("bhid,bhjd->bhij", q8.astype(np.int64) - qt.q_zero,
+                    k8.astype(np.int64) - qt.k_zero)
+    s = acc * (qt.q_scale * qt.k_scale * scale)
+    if mask is not None:
+        s = s + mask
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    pq = np.clip(np.round(p / qt.p_scale) + qt.p_zero, 0, 255).astype(np.int64)
+    out = np.einsum("bhij,bhjd->bhid", pq - qt.p_zero, v8.astype(np.int64) - qt.v_zero)
+    return out.astype(np.float32) * np.float32(qt.p_scale * qt.v_scale)
+
+
+def _assert_close_to_integer(got, want, qt: Quantization, v8, steps: int = 3):
+    """Most rows bit-identical; elsewhere at most ``steps`` probability steps apart."""
+    assert np.isfinite(got).all()
+    exact = np.all(got == want, axis=-1).mean()
+    assert exact >= 0.9, f"only {exact:.1%} of the rows are exact"
+    step = qt.p_scale * qt.v_scale * np.abs(v8.astype(np.int64) - qt.v_zero).max()
+    assert np.abs(got - want).max() <= steps * step * 1.0001
+
+
+def _to_layout(a, layout):
+    return np.ascontiguousarray(a if layout == "bhsd" else a.transpose(0, 2, 1, 3))
+
+
+CASES = [
+    # (batch, heads, q_len, kv_len, layouts (q, k, v, out), masked, zero points q/k/v/p)
+    (1, 2, 128, 128, ("bhsd",) * 4, True, (131, 120, 125, 0)),       # whole blocks
+    (2, 3, 197, 197, ("bhsd",) * 4, True, (0, 255, 128, 0)),          # tails, extreme zeros
+    (1, 2, 33, 77, ("bshd", "bshd", "bhsd", "bshd"), False, (7, 200, 3, 128)),  # s8 P
+    (1, 1, 5, 6, ("bhsd",) * 4, True, (100, 100, 100, 0)),            # smaller than a tile
+]
+
+
+@pytest.mark.requires("avx512vnni")
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[:4])))
+def test_quantized_attention_kernel_is_exact_in_integers(case):
+    batch, heads, q_len, kv_len, layouts, masked, (zq, zk, zv, zp) = case
+    d = 64
+    rng = np.random.default_rng(kv_len)
+    # Scales that make the softmax peaky (scores of several units), as trained models do.
+    qt = Quantization(0.06, zq, 0.05, zk, 0.031, zv, 1 / 256, zp)
+    mask = None
+    if masked:
+        mask = np.zeros((batch, 1, 1, kv_len), "float32")
+        for b in range(batch):
+            mask[b, ..., kv_len - 1 - 2 * b:] = -10000.0
+    shape = AttentionShape(batch, heads, q_len, kv_len, d, *layouts, rank=4,
+                           mask_shape=None if mask is None else mask.shape,
+                           scale=1 / math.sqrt(d), quant=qt)
+    target = host_target()
+    knobs = choose_knobs(target, shape)
+    assert knobs is not None and knobs.qk.isa.endswith("vnni"), shape.describe()
+    mod = tvm.IRModule({
+        "prep": attention_prep_kernel(shape).with_attr("global_symbol", "prep"),
+        "attention": quantized_attention_kernel(shape, knobs).with_attr("global_symbol",
+                                                                        "attention")})
+    ex = tvm.compile(mod, target=target)
+    q8, k8, v8 = (rng.integers(0, 256, (batch, heads, n, d)).astype(np.uint8)
+                  for n in (q_len, kv_len, kv_len))
+    k_in = tvm.runtime.tensor(_to_layout(k8, layouts[1]))
+    prepared = [tvm.runtime.empty(s, "int32") for s in prep_shapes(shape)]
+    ex["prep"](k_in, tvm.runtime.tensor(_to_layout(v8, layouts[2])), *prepared)
+    # The preparation: K's row sums, V's column sums and 4-key words, exactly.
+    ks, vw, vs = (t.numpy() for t in prepared)
+    np.testing.assert_array_equal(ks, k8.astype(np.int64).sum(-1))
+    np.testing.assert_array_equal(vs, v8.astype(np.int64).sum(-2))
+    padded = np.zeros((batch, heads, 4 * vw.shape[2], d), np.uint8)
+    padded[:, :, :kv_len] = v8
+    words = padded.reshape(batch, heads, -1, 4, d).transpose(0, 1, 2, 4, 3).copy()
+    np.testing.assert_array_equal(vw, words.view(np.int32)[..., 0])
+    out = tvm.runtime.tensor(np.full(shape.tensor_shape(layouts[3], q_len), np.nan, "float32"))
+    args = [tvm.runtime.tensor(_to_layout(q8, layouts[0])), k_in, *prepared]
+    ex["attention"](*args, *([tvm.runtime.tensor(mask)] if masked else []), out)
+    got = out.numpy()
+    got = got if layouts[3] == "bhsd" else got.transpose(0, 2, 1, 3)
+    want = _integer_reference(q8, k8, v8, mask, 1 / math.sqrt(d), qt)
+    _assert_close_to_integer(got, want, qt, v8)
+
+
+def test_int8_knobs_need_vnni():
+    shape = AttentionShape(1, 12, 384, 384, 64, quant=Quantization(0.1, 1, 0.1, 2, 0.1, 3,
+                                                                   1 / 256, 0))
+    knobs = choose_knobs(ZNVER5, shape)
+    assert knobs.qk.isa == knobs.pv.isa == "avx512_vnni" and knobs.q_block == 64
+    assert knobs.qk.fits_registers() and knobs.pv.fits_registers() and 64 % knobs.pv.mr == 0
+    # No u8 x s8 dot product on AVX2: no int8 knobs (the attention stays in per-op kernels).
+    assert choose_knobs(HASWELL, shape) is None
+
+
+def test_quantized_attention_assembly_runs_on_vpdpbusd_in_registers():
+    """Both products issue ``vpdpbusd`` on zmm; the accumulators stay in registers across
+    the reduction (no store right after a dot product)."""
+    shape = AttentionShape(1, 2, 64, 100, 64, mask_shape=(1, 1, 1, 100), scale=0.125,
+                           quant=Quantization(0.1, 1, 0.1, 2, 0.1, 3, 1 / 256, 0))
+    func = quantized_attention_kernel(shape, choose_knobs(ZNVER5, shape))
+    ex = tvm.compile(tvm.IRModule({"attention": func.with_attr("global_symbol", "attention")}),
+                     target=ZNVER5)
+    lines = ex.mod.inspect_source("s").splitlines()
+    dots = [i for i, line in enumerate(lines) if re.search(r"vpdpbusd\s+[^\n]*%zmm", line)]
+    assert len(dots) >= 32, len(dots)
+    stored = sum(1 for i in dots if "vmovdq" in lines[i + 1]
+                 and lines[i].split(",")[-1].strip() in lines[i + 1])
+    assert stored <= len(dots) // 4, f"{stored} of {len(dots)} dot products stored at once"
+    assert not any("vfmadd" in lines[i] for i in dots)
+
+
+def test_pass_fuses_ort_qdq_attention_only_where_vnni_exists():
+    """ONNX Runtime's QDQ form (K's transpose between two QDQ pairs, a quantized softmax)
+    becomes the preparation and the fused kernel on ``u8`` inputs with VNNI; with AVX2 only
+    the graph is left as it was."""
+    wl = workloads.qdq_attention(2, 40, heads=2)
+    mod = from_onnx(wl.model)
+    fused = passes.FuseAttention(ZNVER5)(mod)
+    called = [gv.name_hint for gv, f in fused.functions.items()
+              if isinstance(f, tvm.tirx.PrimFunc)]
+    assert sorted(n.rstrip("0123456789") for n in called) == [FUSED_ATTENTION, ATTENTION_PREP]
+    main = fused["main"].script()
+    assert "R.nn.softmax" not in main and "R.matmul" not in main
+    assert "R.dequantize" not in main  # the operands stay u8
+    kernel = next(f for gv, f in fused.functions.items() if gv.name_hint == FUSED_ATTENTION)
+    shape = AttentionShape.from_key(str(kernel.attrs["hybrid.attention_shape"]))
+    assert shape.quant is not None and shape.quant.p_scale == 1 / 256
+    call = next(b.value for b in fused["main"].body.blocks[0].bindings
+                if isinstance(b.value, relax.Call) and len(b.value.args) == 2
+                and getattr(b.value.args[0], "name_hint", "") == FUSED_ATTENTION)
+    assert [str(a.ty.dtype) for a in call.args[1].fields[:2]] == ["uint8", "uint8"]
+    unfused = passes.FuseAttention(HASWELL)(mod)
+    tvm.ir.assert_structural_equal(unfused, mod)
+
+
+@pytest.mark.parametrize("probs_dtype", ["uint8", "int8"])
+def test_onnx_qdq_attention_matches_onnxruntime(probs_dtype):
+    import onnxruntime as ort
+
+    wl = workloads.qdq_attention(2, 77, heads=4, probs_dtype=probs_dtype)
+    compiled = tvm_hybrid.compile(wl.model)
+    names = compiled.kernel_names()
+    vnni = "avx512vnni" in tvm_hybrid.host.host_features()
+    assert any(n.startswith(FUSED_ATTENTION) for n in names) == vnni, names
+    if vnni:
+        assert not any("softmax" in n or "matmul" in n for n in names), names
+        info = compiled.kernels[FUSED_ATTENTION]
+        assert info.schedule == "template" and "avx512_vnni" in info.detail
+        # The profile attributes the QDQ subgraph's nodes to the kernel.
+        assert {"Softmax", "MatMul", "QuantizeLinear", "DequantizeLinear"} <= {
+            n.split()[0] for n in info.nodes}
+    got = np.asarray(compiled(**wl.inputs))
+    session = ort.InferenceSession(wl.model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    want = session.run(None, wl.inputs)[0]
+    # Both quantize P (ONNX Runtime its own way); both within a few P steps of each other.
+    v_node = [n for n in wl.model.graph.node if n.op_type == "QuantizeLinear"][3]
+    inits = {t.name: t for t in wl.model.graph.initializer}
+    sv = float(numpy_helper.to_array(inits[v_node.input[1]]))
+    step = sv / 256 * 255
+    assert np.abs(got - want).max() <= 3 * step
+    assert np.mean(np.all(np.abs(got - want) <= 1e-6, axis=-1)) >= 0.9
+
+
+@pytest.mark.requires("avx512vnni")
+def test_no_score_matrix_in_the_int8_attention():
+    wl = workloads.qdq_attention(1, 384, heads=2)
+    compiled = tvm_hybrid.compile(wl.model)
+    tir = compiled.inspect_source("tir")
+    assert ATTENTION_ATTR in tir
+    buffers = [math.prod(int(v) for v in dims.split(",") if v.strip())
+               for dims in re.findall(r"T\.alloc_buffer\(\(([\d, ]+)\)", tir)]
+    assert buffers and max(buffers) < 384 * 384, buffers
+    storage = [int(n) for n in re.findall(r"alloc_storage\(R\.shape\(\[(\d+)\]\)",
+                                          compiled.lowered["main"].script())]
+    # (u8 probabilities of both heads would take 2 x 384 x 384 bytes.)
+    assert storage and max(storage) < 2 * 384 * 384, storage
