@@ -1,4 +1,5 @@
-"""int8: integer GEMMs (``MatMulInteger``) and QDQ MLPs against ONNX Runtime and OpenVINO.
+"""int8: integer GEMMs (``MatMulInteger``), QDQ MLPs and QDQ attention against ONNX Runtime and
+OpenVINO.
 
 Each runtime's output is checked bit for bit against an int64 numpy reference, then all are
 timed interleaved in one process (medians). GOP/s are printed against the int8 peak measured by
@@ -6,6 +7,7 @@ timed interleaved in one process (medians). GOP/s are printed against the int8 p
 ``vpmaddubsw`` + ``vpmaddwd`` sequence on AVX2. This prints ratios; it is not a test.
 
     python python/benchmarks/int8.py [--rounds 15] [--peers hybrid,onnxruntime,openvino]
+    python python/benchmarks/int8.py --only mha     # the QDQ attention rows only
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15, help="interleaved timing rounds")
     parser.add_argument("--peers", default="hybrid,onnxruntime,openvino")
+    parser.add_argument("--only", help="run only the QDQ attention rows whose name has this "
+                        "(e.g. mha_b32); skips the GEMM and MLP rows")
     args = parser.parse_args()
     print(host_banner())
     measured = measure_peak("int8")
@@ -32,8 +36,10 @@ def main() -> None:
     print(f"peak: {measured.describe()}")
     peers = [p.strip() for p in args.peers.split(",")]
     rows = []
-    for wl in (workloads.matmul_integer(1024, 1024, 1024),
-               workloads.matmul_integer(1024, 1024, 1024, activations="int8", zero_point=3)):
+    gemms = () if args.only else (
+        workloads.matmul_integer(1024, 1024, 1024),
+        workloads.matmul_integer(1024, 1024, 1024, activations="int8", zero_point=3))
+    for wl in gemms:
         reference = workloads.matmul_integer_reference(wl)
         for peer in peers:
             if not available(peer):
@@ -62,7 +68,7 @@ def main() -> None:
                 print(f"  {peer.name:12s} {peer.error}")
     print("\nQDQ MLPs (u8 activations, per-channel s8 weights): hybrid is checked bit for bit")
     print("against the QDQ integer reference; peers (float QDQ semantics) within 2% or 0.02")
-    for batch in (32, 128):
+    for batch in () if args.only else (32, 128):
         for wl in (workloads.qdq_mlp(batch, (13, 512, 256, 128), name="mlp1"),
                    workloads.qdq_mlp(batch, (479, 1024, 1024, 512, 256, 1), final="Sigmoid",
                                      name="mlp2")):
@@ -77,6 +83,25 @@ def main() -> None:
             for peer in result.results:
                 status = f"{peer.median_ms:8.3f} ms" if peer.ok else peer.error
                 print(f"  {peer.name:12s} {status}")
+    print("\nQDQ multi-head attention (ONNX Runtime's QDQ form: u8 Q, K, V and probabilities;")
+    print("BERT-base heads): hybrid against the integer reference of its arithmetic (exact")
+    print("products, float64 softmax); peers (which quantize P their own way) within 3 P steps")
+    for batch, seq in ((1, 128), (1, 384), (32, 128), (32, 384)):
+        if args.only and args.only not in f"mha_b{batch}_s{seq}":
+            continue
+        wl = workloads.qdq_attention(batch, seq)
+        want, step = workloads.qdq_attention_reference(wl)
+        got = tvm_hybrid.compile(wl.model)(**wl.inputs)
+        exact = np.mean(np.all(got == want, axis=-1))
+        print(f"{wl.name}: hybrid vs integer reference: {exact:.2%} of rows bit-exact, max "
+              f"|diff| {np.abs(got - want).max() / step:.2f} P steps")
+        result = compare(wl.name, wl.model, wl.inputs, peers, flops=wl.flops,
+                         rounds=args.rounds, rtol=0, atol=3 * step)
+        rows.append(result)
+        for peer in result.results:
+            status = (f"{peer.median_ms:8.3f} ms {wl.flops / peer.median_ms / 1e6:7.0f} GOP/s"
+                      if peer.ok else peer.error)
+            print(f"  {peer.name:12s} {status}")
     print("\nhybrid's speed ratio over each runtime (above 1.00x: hybrid is faster)")
     print(format_ratios(rows))
 

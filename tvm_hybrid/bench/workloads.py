@@ -294,6 +294,42 @@ def qdq_attention(batch: int, seq: int, *, heads: int = 12, head_dim: int = 64,
     return Workload(f"qdq_{fp32.name}{suffix}", proto, dict(fp32.inputs), fp32.flops)
 
 
+def quantized_attention_reference(q8, k8, v8, mask, scale: float, quant) -> np.ndarray:
+    """The int8 attention kernel's arithmetic in numpy (``schedules/attention``): exact
+    integer products, the softmax in float64, ``P`` quantized (round half to even), the output
+    ``float32(acc) * float32(sp * sv)``; ``q8``, ``k8``, ``v8`` are ``u8 [b, h, s, d]`` and
+    ``quant`` a ``Quantization``."""
+    acc = np.einsum("bhid,bhjd->bhij", q8.astype(np.int64) - quant.q_zero,
+                    k8.astype(np.int64) - quant.k_zero)
+    s = acc * (quant.q_scale * quant.k_scale * scale)
+    if mask is not None:
+        s = s + mask
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    pq = np.clip(np.round(p / quant.p_scale) + quant.p_zero, 0, 255).astype(np.int64)
+    out = np.einsum("bhij,bhjd->bhid", pq - quant.p_zero, v8.astype(np.int64) - quant.v_zero)
+    return out.astype(np.float32) * np.float32(quant.p_scale * quant.v_scale)
+
+
+def qdq_attention_reference(wl: Workload) -> tuple[np.ndarray, float]:
+    """A :func:`qdq_attention` workload's output by :func:`quantized_attention_reference`
+    (inputs quantized as ONNX does), and one probability step of it (``sp * sv * 255``)."""
+    from ..schedules.attention.workload import Quantization
+
+    inits = {t.name: numpy_helper.to_array(t) for t in wl.model.graph.initializer}
+    quantize = [n for n in wl.model.graph.node if n.op_type == "QuantizeLinear"]
+    params = {n.input[0]: (float(inits[n.input[1]]), int(inits[n.input[2]])) for n in quantize}
+    (sq, zq), (sk, zk), (sv, zv) = params["q"], params["k"], params["v"]
+    sp, zp = next(p for name, p in params.items() if name.startswith("softmax"))
+    zp += 128 if zp < 0 else 0
+    q8, k8, v8 = (np.clip(np.round(wl.inputs[n] / s) + z, 0, 255).astype(np.uint8)
+                  for n, (s, z) in zip("qkv", ((sq, zq), (sk, zk), (sv, zv))))
+    quant = Quantization(sq, zq, sk, zk, sv, zv, sp, zp)
+    scale = 1 / math.sqrt(q8.shape[-1])
+    return (quantized_attention_reference(q8, k8, v8, wl.inputs["mask"], scale, quant),
+            sp * sv * 255)
+
+
 def bert_layer(batch: int, seq: int, *, hidden: int = 768, heads: int = 12, ffn: int = 3072,
                seed: int = 0) -> Workload:
     """One BERT encoder layer (post-LN), as exported from PyTorch.
