@@ -18,9 +18,18 @@ broadcasting to the scores, the boolean one applied first, exactly as the graph 
 The subgraph becomes a ``call_tir`` of the kernel of ``schedules/attention`` (knobs from its
 heuristic); identical attentions share one kernel.
 
-Declined, left to the per-op kernels: other dtypes (int8 QDQ attention), dynamic shapes, a
-head dimension that is not a whole number of vectors, intermediate values used elsewhere, a
-boolean mask applied after the additive one."""
+int8 (QDQ) attention, as ONNX Runtime's quantizer writes it, is matched too: ``Q``, ``KT``
+and ``V`` each ``dequantize`` of a per-tensor ``u8`` tensor (read through permutations and
+through ``quantize``/``dequantize`` pairs of the same parameters on either side of one), and
+``P`` the ``dequantize(quantize(softmax(..)))`` of ``u8`` or ``s8``; it becomes the
+preparation kernel and the int8 kernel of ``schedules/attention/quantized_kernel.py`` on
+``u8`` operands, where the target has VNNI. ONNX's ``Attention`` op arrives in the fp32 form
+(``frontend/attention.py``).
+
+Declined, left to the per-op kernels: other dtypes, dynamic shapes, a head dimension that is
+not a whole number of vectors, intermediate values used elsewhere, a boolean mask applied
+after the additive one; for int8 also targets without VNNI, boolean masks and a ``K^T`` given
+as such (``bhds``)."""
 
 from __future__ import annotations
 
