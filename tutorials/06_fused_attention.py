@@ -10,7 +10,8 @@ tvm_hybrid rewrites the whole subgraph into one kernel (``FuseAttention``, the t
 keeps everything in L1 and both products run on the fp32 microkernels.
 
 This tutorial compiles a BERT-base attention and a BERT encoder layer, shows the fused kernel
-and what it replaced, checks the results against the unfused graph and times both.
+and what it replaced, checks the results against the unfused graph and times both; then the
+same for an int8 (QDQ) attention.
 """
 
 # %%
@@ -77,3 +78,30 @@ for wl in (attention, workloads.bert_layer(1, 128)):
             other = tvm_hybrid.compile(wl.model)
     f, u = median_ms(one, wl.inputs), median_ms(other, wl.inputs)
     print(f"{wl.name}: fused {f:.2f} ms, unfused {u:.2f} ms ({u / f:.1f}x)")
+
+# %%
+# int8 (QDQ) attention
+# --------------------
+# A model quantized by ONNX Runtime's QDQ quantizer wraps the attention's inputs and its
+# softmax output in ``QuantizeLinear``/``DequantizeLinear``. On a CPU with VNNI the whole
+# subgraph becomes the int8 kernel (``schedules/attention/quantized_kernel.py``): both products
+# on ``vpdpbusd`` with exact integer zero-point compensation, the softmax in fp32, P quantized
+# after the whole row; a small preparation kernel sums K's rows and packs V once per head.
+# Without VNNI (AVX2-only CPUs) it stays in the per-op kernels.
+qdq = workloads.qdq_attention(1, 384)
+q_fused = tvm_hybrid.compile(qdq.model)
+with tvm.transform.PassContext(opt_level=3, disabled_pass=["FuseAttention"]):
+    q_unfused = tvm_hybrid.compile(qdq.model)
+for name, info in q_fused.kernels.items():
+    if "attention" in name:
+        print(f"{name}: {info.schedule}, {info.detail}")
+# Against the integer reference of the kernel's arithmetic (exact products, float64 softmax):
+# rows are bit-identical except where a probability lies within float rounding of a
+# quantization boundary.
+want, step = workloads.qdq_attention_reference(qdq)
+got = q_fused(**qdq.inputs)
+print(f"bit-exact rows: {np.mean(np.all(got == want, axis=-1)):.2%}, "
+      f"max difference {np.abs(got - want).max() / step:.2f} probability steps")
+assert np.abs(got - want).max() <= 3 * step
+f, u = median_ms(q_fused, qdq.inputs), median_ms(q_unfused, qdq.inputs)
+print(f"{qdq.name}: fused {f:.2f} ms, unfused {u:.2f} ms ({u / f:.1f}x)")
