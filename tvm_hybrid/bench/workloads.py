@@ -102,6 +102,15 @@ def gemm(m: int, n: int, k: int, *, seed: int = 0) -> Workload:
     return Workload(f"gemm{m}x{n}x{k}", proto, {"a": data}, 2.0 * m * n * k)
 
 
+def _activation_qparams(g: _Graph, values: np.ndarray) -> tuple[str, str]:
+    """Constants of the per-tensor asymmetric ``u8`` quantization calibrated on ``values``
+    (their range, widened to hold 0): the scale's and the zero point's names."""
+    low, high = min(float(values.min()), 0.0), max(float(values.max()), 0.0)
+    scale = np.float32(max(high - low, 1e-6) / 255)
+    zero = np.uint8(np.clip(round(-low / float(scale)), 0, 255))
+    return g.const(np.array(scale, np.float32), "s"), g.const(np.array(zero), "z")
+
+
 def qdq_mlp(batch: int, dims: tuple[int, ...], *, seed: int = 0, final: str | None = None,
             name: str | None = None) -> Workload:
     """The :func:`mlp` quantized to int8 as an ONNX QDQ model (what ONNX Runtime's quantizer
@@ -117,13 +126,7 @@ def qdq_mlp(batch: int, dims: tuple[int, ...], *, seed: int = 0, final: str | No
     g = _Graph(seed)
     x = fp32.inputs["x"]
 
-    def activation_qparams(values: np.ndarray) -> tuple[str, str]:
-        low, high = min(float(values.min()), 0.0), max(float(values.max()), 0.0)
-        scale = np.float32(max(high - low, 1e-6) / 255)
-        zero = np.uint8(np.clip(round(-low / float(scale)), 0, 255))
-        return g.const(np.array(scale, np.float32), "s"), g.const(np.array(zero), "z")
-
-    scale, zero = activation_qparams(x)
+    scale, zero = _activation_qparams(g, x)
     cur = g.op("DequantizeLinear", g.op("QuantizeLinear", "x", scale, zero), scale, zero)
     value = x
     for n, (wname, bname) in enumerate(zip(weights, biases)):
@@ -138,7 +141,7 @@ def qdq_mlp(batch: int, dims: tuple[int, ...], *, seed: int = 0, final: str | No
         if not last or final is None:
             cur = g.op("Relu", cur)
             value = np.maximum(value, 0)
-        scale, zero = activation_qparams(value)
+        scale, zero = _activation_qparams(g, value)
         cur = g.op("DequantizeLinear", g.op("QuantizeLinear", cur, scale, zero), scale, zero)
     if final:
         cur = g.op(final, cur)
@@ -269,11 +272,8 @@ def qdq_attention(batch: int, seq: int, *, heads: int = 12, head_dim: int = 64,
     fp32 = attention(batch, seq, heads=heads, head_dim=head_dim, seed=seed)
     g = _Graph(seed)
 
-    def qdq(name: str, values: np.ndarray) -> str:
-        low, high = min(float(values.min()), 0.0), max(float(values.max()), 0.0)
-        scale = np.float32(max(high - low, 1e-6) / 255)
-        zero = np.uint8(np.clip(round(-low / float(scale)), 0, 255))
-        s, z = g.const(np.array(scale), "s"), g.const(np.array(zero), "z")
+    def qdq(name: str, values: np.ndarray) -> tuple[str, str, str]:
+        s, z = _activation_qparams(g, values)
         return g.op("DequantizeLinear", g.op("QuantizeLinear", name, s, z), s, z), s, z
 
     q, _, _ = qdq("q", fp32.inputs["q"])
@@ -320,7 +320,8 @@ def qdq_attention_reference(wl: Workload) -> tuple[np.ndarray, float]:
     quantize = [n for n in wl.model.graph.node if n.op_type == "QuantizeLinear"]
     params = {n.input[0]: (float(inits[n.input[1]]), int(inits[n.input[2]])) for n in quantize}
     (sq, zq), (sk, zk), (sv, zv) = params["q"], params["k"], params["v"]
-    sp, zp = next(p for name, p in params.items() if name.startswith("softmax"))
+    softmax = next(n.output[0] for n in wl.model.graph.node if n.op_type == "Softmax")
+    sp, zp = params[softmax]
     zp += 128 if zp < 0 else 0
     q8, k8, v8 = (np.clip(np.round(wl.inputs[n] / s) + z, 0, 255).astype(np.uint8)
                   for n, (s, z) in zip("qkv", ((sq, zq), (sk, zk), (sv, zv))))
