@@ -237,3 +237,40 @@ def test_unknown_recurrent_activation_is_refused_by_name():
     model, _ = _recurrent("GRU", activations=["Sigmoid", "Elu"])
     with pytest.raises(UnsupportedModelError, match="'Elu' is not supported"):
         tvm_hybrid.compile(model)
+
+
+@pytest.mark.parametrize("op", ["Sum", "Max", "Min", "Mean"])
+def test_variadic_elementwise_ops_import_as_binary_chains(op, rng):
+    """Sum/Max/Min/Mean of three broadcasting inputs: pairwise ops (no stacked copy, which
+    TVM's ``ConvertLayout`` cannot carry), the same values as ONNX Runtime."""
+    from tvm_hybrid.frontend.importer import import_model
+
+    shapes = {"a": [2, 3, 4], "b": [3, 4], "c": [1]}
+    model = _model([helper.make_node(op, list(shapes), ["y"])],
+                   [helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
+                    for n, s in shapes.items()],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], opset=13)
+    script = import_model(model).mod.script()
+    assert "R.stack" not in script and "broadcast_to" not in script
+    feeds = {n: rng.standard_normal(s).astype("float32") for n, s in shapes.items()}
+    got = _outputs(tvm_hybrid.compile(model), feeds)[0]
+    np.testing.assert_allclose(got, _ort(model, feeds)[0], rtol=1e-6, atol=1e-6)
+
+
+def test_a_sum_residual_keeps_the_convolutions_in_nhwc(rng):
+    """ResNet's residual ``Sum`` between convolutions: one layout change at each end of the
+    chain, not a transpose pair around every convolution."""
+    w = [(rng.standard_normal((8, 8, 3, 3)) * 0.2).astype("float32") for _ in range(3)]
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["c0", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Sum", ["c0", "c1"], ["s"]),
+             helper.make_node("Relu", ["s"], ["r"]),
+             helper.make_node("Conv", ["r", "w2"], ["y"], pads=[1, 1, 1, 1])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 10, 12])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                   [onnx.numpy_helper.from_array(v, f"w{i}") for i, v in enumerate(w)])
+    compiled = tvm_hybrid.compile(model)
+    assert len([n for n in compiled.kernel_names() if "transpose" in n]) <= 2
+    x = rng.standard_normal((1, 8, 10, 12)).astype("float32")
+    np.testing.assert_allclose(_outputs(compiled, {"x": x})[0], _ort(model, {"x": x})[0],
+                               rtol=1e-4, atol=1e-4)

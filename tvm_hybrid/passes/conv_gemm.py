@@ -61,6 +61,11 @@ from .relax_rewrite import (
 #: Transposed and depthwise convolutions with more taps than this keep TVM's lowering (their
 #: kernels unroll the taps).
 _MAX_TAPS = 25
+#: Grouped (not depthwise) convolutions become one dense convolution per group when there are
+#: at most this many groups of at least this many input and output channels each; others keep
+#: TVM's lowering (a GEMM per group of a few channels would be mostly overhead).
+_MAX_GROUPS = 16
+_MIN_GROUP_CHANNELS = 4
 _NHWC = ("NHWC", "OHWI", "NHWC")
 #: Fewer input channels than this per tap keep im2col (the microkernel's K would be too short).
 _MIN_DIRECT_DEPTH = 8
@@ -120,19 +125,10 @@ class _Rewriter(TargetMutator):
         return rewrite_by_op(call, {"relax.nn.conv2d": self._rewrite,
                                     "relax.nn.conv2d_transpose": self._rewrite_transposed})
 
-    def _rewrite_depthwise(self, call: relax.Call) -> relax.Expr | None:
-        """NHWC depthwise ``conv2d`` (one filter per channel) as :func:`depthwise_conv`."""
-        operands = fp32_operands(self, call, ndim=4)
-        if operands is None:
-            return None
-        x, w = operands
-        channels = int(x.ty.shape.values[3])
-        o, kh, kw, per_group = w.shape
-        attrs = call.attrs
-        if (int(attrs.groups) != channels or o != channels or per_group != 1
-                or kh * kw > _MAX_TAPS):
-            return None
-        oh, ow = (int(d) for d in call.ty.shape.values[1:3])
+    def _depthwise(self, x: relax.Expr, w: np.ndarray, out_hw: tuple[int, int],
+                   attrs) -> relax.Expr:
+        """The NHWC depthwise convolution (one filter per channel) of ``x`` by the OHWI
+        constant ``w`` as :func:`depthwise_conv`."""
         top, left, bottom, right = _four(attrs.padding)
         if top or left or bottom or right:
             # Padded once here, the taps are plain vector loads (a bounds test per tap in
@@ -140,9 +136,25 @@ class _Rewriter(TargetMutator):
             x = self.builder_.emit(relax.op.nn.pad(x, [0, 0, top, bottom, left, right, 0, 0]))
         taps = relax.const(np.ascontiguousarray(w[..., 0].transpose(1, 2, 0)))  # [KH, KW, C]
         conv = self.builder_.call_te(
-            depthwise_conv, x, taps, _pair(attrs.strides), _pair(attrs.dilation), (oh, ow),
+            depthwise_conv, x, taps, _pair(attrs.strides), _pair(attrs.dilation), out_hw,
             primfunc_name_hint=DEPTHWISE)
         return self._not_inlined_into(conv)
+
+    def _grouped(self, x: relax.Expr, w: np.ndarray, out_shape: list[int], groups: int,
+                 attrs) -> relax.Expr:
+        """The NHWC convolution of ``x`` in ``groups`` groups as one dense convolution per
+        group (:meth:`_gemm`: im2col, direct or 1x1 GEMM) on its slice of the channels, the
+        outputs concatenated."""
+        o, _, _, per_group = w.shape
+        outs = o // groups
+        bb = self.builder_
+        parts = []
+        for g in range(groups):
+            part = bb.emit(relax.op.strided_slice(x, axes=[3], begin=[g * per_group],
+                                                  end=[(g + 1) * per_group]))
+            y = self._gemm(part, w[g * outs:(g + 1) * outs], [*out_shape[:3], outs], attrs)
+            parts.append(bb.emit(y))
+        return relax.op.concat(parts, axis=3)
 
     def _not_inlined_into(self, call: relax.Call) -> relax.Call:
         """Mark ``call``'s PrimFunc fusable like a convolution: the ops after it may join its
@@ -183,21 +195,31 @@ class _Rewriter(TargetMutator):
         attrs = call.attrs
         layouts = (str(attrs.data_layout), str(attrs.kernel_layout),
                    str(attrs.out_layout) or str(attrs.data_layout))
-        if int(attrs.groups) != 1 and layouts == _NHWC:
-            return self._rewrite_depthwise(call)
-        if int(attrs.groups) != 1 or layouts not in (_NHWC, _NCHW):
+        if layouts not in (_NHWC, _NCHW):
             return None
         operands = fp32_operands(self, call, ndim=4)
         if operands is None:
             return None
         x, w = operands
+        if layouts == _NCHW:
+            w = w.transpose(0, 2, 3, 1)  # OIHW -> OHWI
+        groups = int(attrs.groups)
+        o, kh, kw, per_group = w.shape
+        depthwise = groups > 1 and per_group == 1 and o == groups
+        if (depthwise and kh * kw > _MAX_TAPS) or (groups > 1 and not depthwise and (
+                groups > _MAX_GROUPS or min(per_group, o // groups) < _MIN_GROUP_CHANNELS)):
+            return None  # TVM's lowering
         bb = self.builder_
         out_shape = [int(d) for d in call.ty.shape.values]
-        if layouts == _NCHW:  # to NHWC and back around the GEMM
+        if layouts == _NCHW:  # to NHWC and back around the kernels
             x = bb.emit(relax.op.permute_dims(x, [0, 2, 3, 1]))
-            w = w.transpose(0, 2, 3, 1)
             out_shape = [out_shape[0], out_shape[2], out_shape[3], out_shape[1]]
-        y = self._gemm(x, w, out_shape, attrs)
+        if groups == 1:
+            y = self._gemm(x, w, out_shape, attrs)
+        elif depthwise:
+            y = self._depthwise(x, w, tuple(out_shape[1:3]), attrs)
+        else:
+            y = self._grouped(x, w, out_shape, groups, attrs)
         if layouts == _NCHW:
             y = relax.op.permute_dims(bb.emit(y), [0, 3, 1, 2])
         return y
