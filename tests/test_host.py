@@ -102,3 +102,35 @@ def test_host_cpu_variable_cannot_add_features():
 def test_host_cpu_variable_names_an_unknown_cpu():
     out = _host_info_with("pentium9000")
     assert out.returncode != 0 and "not a CPU LLVM" in out.stderr
+
+
+def test_features_the_machine_hides_are_turned_off(monkeypatch):
+    """A VM that hides AMX (and AVX-512) of a Sapphire Rapids: the CPU name still implies them,
+    the host target turns them off, so nothing selects AMX kernels the process cannot run."""
+    from tvm_hybrid import host
+
+    running = {f: True for f in target_features(make_target(
+        {"kind": "llvm", "mcpu": "sapphirerapids"}))}
+    running.update({"amx-tile": False, "amx-int8": False, "amx-bf16": False})
+    monkeypatch.setattr(host, "_running_features", lambda: running)
+    assert host.hidden_features("sapphirerapids") == ["-amx-bf16", "-amx-int8", "-amx-tile"]
+    target = host._cpu_target("sapphirerapids")
+    tiers = isa_tiers(target_features(target))
+    assert "avx512_vnni" in tiers and not any(t.startswith("amx") for t in tiers)
+    assert not host.uses_amx(target)
+
+    running["avx512f"] = False  # AVX-512 hidden too: every AVX-512 tier goes with it
+    tiers = isa_tiers(target_features(host._cpu_target("sapphirerapids")))
+    assert not any(t.startswith(("avx512", "amx")) for t in tiers) and "avx2" in tiers
+
+
+def test_host_target_offers_only_what_the_process_can_run():
+    """Every ISA feature of the host target is one LLVM's host detection says the running
+    process may use (CPUID and the OS's XCR0), whatever LLVM's CPU name implies."""
+    from tvm_hybrid import host
+
+    running = host._running_features()
+    if not running:
+        pytest.skip("this TVM build has no LLVM host feature detection")
+    unusable = [f for f in host._isa_features(make_target("host")) if running.get(f) is False]
+    assert not unusable, f"the host target enables {unusable}, which this process cannot use"

@@ -34,6 +34,16 @@ def test_hybrid_matches_reference_where_stock_does(case):
     else:
         CONFORMANCE["both"].append(case.name)
     assert hybrid.ok, f"stock TVM passes {case.name} but hybrid does not: {hybrid.reason}"
+    if case.kind == "real":  # the light CNNs: every convolution on the engine's kernels
+        stock = stock_convolutions(hybrid.rep.compiled)
+        assert not stock, f"{case.name}: convolutions left to TVM's lowering: {stock}"
+
+
+def stock_convolutions(compiled) -> list[str]:
+    """The kernels of ``compiled`` that are TVM's own convolution lowering (the engine's are
+    GEMMs, direct convolutions and depthwise kernels), with the ONNX nodes they compute."""
+    return [f"{k.name} ({', '.join(k.nodes)})" for k in compiled.kernels.values()
+            if "conv2d" in k.name or "conv1d" in k.name]
 
 
 def test_backend_api_runs_a_model():

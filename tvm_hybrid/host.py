@@ -1,9 +1,14 @@
 """The machine we compile for: CPU detection, ISA tiers, cache sizes and target construction.
 
 ``target="host"`` asks LLVM for the running CPU (``llvm_get_system_cpu``) and its features and
-builds a JSON :class:`tvm.target.Target` with ``mcpu`` and ``num-cores``. An explicit target (a
-dict, a JSON string, or a ``Target``) is validated: tvm_hybrid generates x86 code, so the kind must
-be ``llvm`` with an x86 CPU LLVM knows.
+builds a JSON :class:`tvm.target.Target` with ``mcpu`` and ``num-cores``. LLVM's CPU name comes
+from the CPU's family and model, not from what the machine lets programs use: a VM or kernel
+may hide AMX or AVX-512 of an Emerald Rapids (cpuinfo then lacks ``amx_tile``). The host target
+turns such features off with ``mattr`` (``-amx-tile``, ...), read from LLVM's host feature
+detection (CPUID and XCR0), so nothing is compiled for an ISA the process cannot run.
+
+An explicit target (a dict, a JSON string, or a ``Target``) is validated: tvm_hybrid generates
+x86 code, so the kind must be ``llvm`` with an x86 CPU LLVM knows.
 
 ``TVM_HYBRID_HOST_CPU=<mcpu>`` makes this machine behave as an older CPU: ``"host"`` compiles for
 that CPU and only its ISA features count as present (for what is selected, what may run, and which
@@ -52,6 +57,32 @@ def real_host_cpu() -> str:
 
 
 @cache
+def _running_features() -> dict[str, bool]:
+    """LLVM's host feature detection: which features the running process may use."""
+    detect = tvm.get_global_func("tvm.codegen.llvm.GetHostCPUFeatures", allow_missing=True)
+    if detect is None:  # an LLVM-less build; trust the CPU name
+        return {}
+    return {str(k): bool(v) for k, v in detect().items()}
+
+
+def hidden_features(mcpu: str) -> list[str]:
+    """The ISA features ``mcpu`` implies that the running CPU does not offer (hidden by the
+    hypervisor or the kernel), as ``mattr`` entries that turn them off (``-amx-tile``, ...)."""
+    running = _running_features()
+    implied = _isa_features(Target({"kind": "llvm", "mcpu": mcpu}))
+    return [f"-{f}" for f in sorted(implied) if running.get(f) is False]
+
+
+def _cpu_target(mcpu: str, **attrs) -> Target:
+    """A target for ``mcpu`` as this machine runs it: the features it hides turned off."""
+    spec = {"kind": "llvm", "mcpu": mcpu, **attrs}
+    hidden = hidden_features(mcpu)
+    if hidden:
+        spec["mattr"] = hidden
+    return Target(spec)
+
+
+@cache
 def host_cpu() -> str:
     """LLVM's name for the host CPU, e.g. ``znver5`` or ``sapphirerapids``.
 
@@ -68,7 +99,7 @@ def host_cpu() -> str:
     real = real_host_cpu()
     if not wanted or wanted == real:
         return real
-    real_target = Target({"kind": "llvm", "mcpu": real})
+    real_target = _cpu_target(real)
     known = {str(c) for c in codegen.llvm_get_cpu_archlist(real_target)}
     if wanted not in known:
         raise TargetError(f"{HOST_CPU_VARIABLE}={wanted!r} is not a CPU LLVM {_llvm_major()} "
@@ -83,8 +114,9 @@ def host_cpu() -> str:
 
 @cache
 def host_target() -> Target:
-    """The target for this machine: its CPU and its physical core count."""
-    return Target({"kind": "llvm", "mcpu": host_cpu(), "num-cores": physical_cores()})
+    """The target for this machine: its CPU (less the features it hides, :func:`hidden_features`)
+    and its physical core count."""
+    return _cpu_target(host_cpu(), **{"num-cores": physical_cores()})
 
 
 def target_features(target: Target) -> frozenset[str]:

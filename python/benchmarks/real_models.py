@@ -1,18 +1,24 @@
 """The real-model zoo side by side: tvm_hybrid, ONNX Runtime and OpenVINO (f32), one run.
 
-Per model: compile seconds, kernels on a template / the fallback rule / stock lowering, the
-largest relative difference from ONNX Runtime, and median latency of each runtime (timed
-interleaved, all on the physical cores), then hybrid's speed relative to each peer and the
-geometric means. This prints; it is not a test.
+Per model: compile seconds, kernels on a template / the fallback rule / stock lowering,
+convolutions left to TVM's own lowering (``convs``: 0 when every convolution runs on the
+engine), the largest relative difference from ONNX Runtime, and median latency of each runtime
+(timed interleaved, all on the physical cores), then hybrid's speed relative to each peer and
+the geometric means. ``--light`` runs the light CNNs of the ONNX backend data that ship with
+the onnx package (ResNet-50, DenseNet-121, Inception v1/v2, SqueezeNet, ShuffleNet, VGG-19,
+AlexNet, ZFNet-512; their weights are constants, inputs standard normal) instead of the zoo,
+``--all`` both. This prints; it is not a test.
 
     python python/tools/fetch_models.py          # once
-    python python/benchmarks/real_models.py [NAME ...] [--rounds 9]
+    python python/benchmarks/real_models.py [NAME ...] [--rounds 9] [--light | --all]
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import math
+import os
 import time
 
 import numpy as np
@@ -35,38 +41,72 @@ def _hybrid_runner(compiled):
     return run
 
 
+def light_cnns() -> list[tuple[str, str]]:
+    """``(name, path)`` of the light CNN models in the installed onnx package."""
+    import onnx.backend.test
+
+    folder = os.path.join(os.path.dirname(onnx.backend.test.__file__), "data", "light")
+    return [(os.path.basename(p)[len("light_"):-len(".onnx")], p)
+            for p in sorted(glob.glob(os.path.join(folder, "light_*.onnx")))]
+
+
+def _light_feeds(path: str) -> dict:
+    model = onnx.load(path, load_external_data=False)
+    inits = {i.name for i in model.graph.initializer}
+    rng = np.random.default_rng(0)
+    return {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim])
+            .astype("float32") for i in model.graph.input if i.name not in inits}
+
+
+def _models(args) -> list[tuple[str, object, object]]:
+    """``(name, path or fetch error, feeds)`` of the models to run."""
+    out = []
+    if not args.light or args.all:
+        for entry in zoo.MODELS:
+            try:
+                path = zoo.fetch(entry)
+            except zoo.FetchError as err:
+                path = err
+            out.append((entry.name, path, lambda e=entry: e.inputs(np.random.default_rng(0))))
+    if args.light or args.all:
+        out += [(name, path, lambda p=path: _light_feeds(p)) for name, path in light_cnns()]
+    return [m for m in out if not args.names or m[0] in args.names]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*")
     parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--light", action="store_true",
+                        help="the light CNNs of the onnx package instead of the zoo")
+    parser.add_argument("--all", action="store_true", help="the zoo and the light CNNs")
     args = parser.parse_args()
     print(host_banner())
     others = [p for p in ("onnxruntime", "openvino") if peers.available(p)]
-    header = (f"{'model':22s} {'compile s':>9s} {'tmpl/fallb/stock':>16s} {'max err':>8s} "
-              f"{'hybrid ms':>10s} " + " ".join(f"{p + ' ms':>14s}" for p in others)
+    header = (f"{'model':22s} {'compile s':>9s} {'tmpl/fallb/stock':>16s} {'convs':>5s} "
+              f"{'max err':>8s} {'hybrid ms':>10s} "
+              + " ".join(f"{p + ' ms':>14s}" for p in others)
               + " " + " ".join(f"{'vs ' + p:>14s}" for p in others))
     print(header, flush=True)
     ratios: dict[str, list[float]] = {p: [] for p in others}
-    for entry in zoo.MODELS:
-        if args.names and entry.name not in args.names:
+    for name, path, make_feeds in _models(args):
+        if isinstance(path, Exception):
+            print(f"{name:22s} not fetched: {path}")
             continue
-        try:
-            path = zoo.fetch(entry)
-        except zoo.FetchError as err:
-            print(f"{entry.name:22s} not fetched: {err}")
-            continue
-        feeds = entry.inputs(np.random.default_rng(0))
+        feeds = make_feeds()
+        shapes = {k: v.shape for k, v in feeds.items()}
         start = time.perf_counter()
         try:
             compiled = tvm_hybrid.compile(path, input_shapes={k: v.shape for k, v in
                                                               feeds.items() if v.ndim})
         except tvm_hybrid.errors.TVMHybridError as err:
-            print(f"{entry.name:22s} FAILED: {err}", flush=True)
+            print(f"{name:22s} FAILED: {err}", flush=True)
             continue
         compile_s = time.perf_counter() - start
         counts = {"template": 0, "fallback": 0, "stock": 0}
         for kernel in compiled.kernels.values():
             counts[kernel.schedule] = counts.get(kernel.schedule, 0) + 1
+        stock_convs = sum("conv1d" in k or "conv2d" in k for k in compiled.kernels)
         proto = onnx.load(str(path))
         runners = {"hybrid": _hybrid_runner(compiled)}
         notes = []
@@ -76,7 +116,7 @@ def main() -> None:
             except Exception:  # noqa: BLE001 - a peer that cannot load the model as shipped
                 # gets it with the input shapes fixed (and shape arithmetic folded)
                 try:
-                    static, _ = fold_constants(proto, entry.shapes)
+                    static, _ = fold_constants(proto, shapes)
                     runners[p] = peers.make_runner(p, static)
                     notes.append(f"{p} needed the input shapes fixed")
                 except Exception as err:  # noqa: BLE001
@@ -95,9 +135,9 @@ def main() -> None:
         speed = {p: ms[p] / ms["hybrid"] for p in others if p in ms}
         for p, value in speed.items():
             ratios[p].append(value)
-        print(f"{entry.name:22s} {compile_s:9.1f} "
+        print(f"{name:22s} {compile_s:9.1f} "
               f"{counts['template']:>6d}/{counts['fallback']:>4d}/{counts['stock']:>4d} "
-              f"{error:8.1e} {ms['hybrid']:10.2f} "
+              f"{stock_convs:5d} {error:8.1e} {ms['hybrid']:10.2f} "
               + " ".join(f"{ms[p]:14.2f}" if p in ms else f"{'-':>14s}" for p in others) + " "
               + " ".join(f"{speed[p]:13.2f}x" if p in speed else f"{'-':>14s}" for p in others)
               + (f"  ({'; '.join(notes)})" if notes else ""), flush=True)

@@ -44,6 +44,8 @@ class Outcome:
     ok: bool
     reason: str = ""
     seconds: float = 0.0
+    #: The backend's prepared model (``BackendRep``), when it compiled.
+    rep: object = None
 
 
 def cases(kinds=KINDS) -> list[Case]:
@@ -90,6 +92,7 @@ def load_data(case: Case, model: onnx.ModelProto) -> list[tuple[list, list]]:
 def check_case(case: Case, backend) -> Outcome:
     """Run ``case`` through ``backend`` and compare with the reference outputs."""
     start = time.perf_counter()
+    rep = None
     try:
         model = onnx.load(case.model_path)
         data = load_data(case, model)
@@ -103,11 +106,11 @@ def check_case(case: Case, backend) -> Outcome:
         lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
         detail = next((ln.strip() for ln in lines if "Mismatch" in ln or "Max abs" in ln),
                       lines[0] if lines else "")
-        return Outcome(False, f"wrong result: {detail}", time.perf_counter() - start)
+        return Outcome(False, f"wrong result: {detail}", time.perf_counter() - start, rep)
     except Exception as err:
         text = str(err).strip().splitlines()[0] if str(err).strip() else ""
         return Outcome(False, f"{type(err).__name__}: {text[:200]}", time.perf_counter() - start)
-    return Outcome(True, "", time.perf_counter() - start)
+    return Outcome(True, "", time.perf_counter() - start, rep)
 
 
 def main(argv: list[str] | None = None) -> int:
