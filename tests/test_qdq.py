@@ -117,12 +117,12 @@ def test_without_avx2_qdq_models_keep_the_float_path():
     np.testing.assert_allclose(model(**wl.inputs), stock(**wl.inputs), rtol=1e-5, atol=1e-6)
 
 
-def _qlinear_matmul_model(m, k, n, a_dtype, seed=0):
+def _qlinear_matmul_model(m, k, n, a_dtype, seed=0, weight_bound=127):
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(seed)
     elem = {"uint8": TensorProto.UINT8, "int8": TensorProto.INT8}[a_dtype]
-    b = rng.integers(-127, 128, (k, n)).astype(np.int8)
+    b = rng.integers(-weight_bound, weight_bound + 1, (k, n)).astype(np.int8)
     params = {
         "a_scale": np.array(0.02, np.float32),
         "a_zp": np.array(120 if a_dtype == "uint8" else -7, a_dtype),
@@ -162,8 +162,11 @@ def test_qlinear_matmul_is_imported_and_bit_exact(a_dtype):
 
 
 def test_qlinear_matmul_agrees_with_onnxruntime():
+    """Weights in [-64, 64]: without VNNI, ONNX Runtime's u8 x s8 kernel (``vpmaddubsw``)
+    saturates a pair of products beyond 32767, so only 7-bit weights (255 * 128 <= 32767)
+    give it exact sums on every CPU; hybrid is exact for any weights (the test above)."""
     ort = pytest.importorskip("onnxruntime", reason="compares with ONNX Runtime's QLinearMatMul")
-    proto, data, _ = _qlinear_matmul_model(32, 128, 64, "uint8", seed=1)
+    proto, data, _ = _qlinear_matmul_model(32, 128, 64, "uint8", seed=1, weight_bound=64)
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     (theirs,) = session.run(None, {"a": data})
     ours = tvm_hybrid.compile(proto)(data)

@@ -24,6 +24,9 @@ class PeerResult:
     median_ms: float = float("nan")
     max_rel_err: float = float("nan")
     error: str | None = None
+    #: Timed although its outputs differ from the reference (``compare(time_inexact=True)``):
+    #: a peer whose fast path is not exact (ONNX Runtime's saturating u8 x s8 on AVX2).
+    inexact: bool = False
 
     @property
     def ok(self) -> bool:
@@ -72,6 +75,7 @@ def compare(
     rtol: float = 1e-3,
     atol: float = 1e-3,
     target="host",
+    time_inexact: bool = False,
 ) -> Comparison:
     """Compile ``model`` with each peer, check outputs agree, and time them interleaved.
 
@@ -88,6 +92,9 @@ def compare(
         A slow peer (untuned stock TVM) gets fewer rounds so that it takes about this long.
     rtol, atol
         Output agreement tolerance against the reference: ``|a - b| <= atol + rtol * |b|``.
+    time_inexact
+        Time a peer whose outputs differ too, marked :attr:`PeerResult.inexact` (its speed is
+        what a user of it gets, wrong results included); otherwise it is left untimed.
     """
     results, runners, reference = [], {}, None
     for peer in peers:
@@ -109,7 +116,9 @@ def compare(
             result.max_rel_err = 0.0
         else:
             result.max_rel_err, agree = _agreement(outputs, reference, rtol, atol)
-            if not agree:
+            if not agree and time_inexact:
+                result.inexact = True
+            elif not agree:
                 result.error = (
                     f"outputs differ from {results[0].name} (rel err {result.max_rel_err:.2e})"
                 )
@@ -191,7 +200,7 @@ def format_table(comparisons: list[Comparison], *, baseline: str = "tvm",
             if peak_gflops:
                 row += f" {100 * gflops / peak_gflops:6.1f}%"
             row += f" {base_ms / r.median_ms:9.2f}x {r.compile_s:10.2f}"
-            row += f"  rel err {r.max_rel_err:.1e}"
+            row += f"  rel err {r.max_rel_err:.1e}" + (" INEXACT" if r.inexact else "")
             lines.append(row)
     return "\n".join(lines)
 
@@ -199,7 +208,8 @@ def format_table(comparisons: list[Comparison], *, baseline: str = "tvm",
 def format_ratios(comparisons: list[Comparison], subject: str = "hybrid") -> str:
     """One row per model: ``subject``'s time and its speed ratio over every other runtime.
 
-    A ratio above 1.00 means ``subject`` is faster (``other_ms / subject_ms``).
+    A ratio above 1.00 means ``subject`` is faster (``other_ms / subject_ms``); a ``*`` marks a
+    runtime whose outputs were wrong (:attr:`PeerResult.inexact`).
     """
     others = [r.name for r in comparisons[0].results if r.name != subject] if comparisons else []
     header = f"{'model':24s} {subject + ' ms':>11s}" + "".join(
@@ -215,6 +225,7 @@ def format_ratios(comparisons: list[Comparison], subject: str = "hybrid") -> str
         for name in others:
             other = comp.by_name(name)
             ok = other is not None and other.ok
-            row += f" {other.median_ms / mine.median_ms:14.2f}x" if ok else f" {'-':>15s}"
+            mark = "*" if ok and other.inexact else "x"
+            row += f" {other.median_ms / mine.median_ms:14.2f}{mark}" if ok else f" {'-':>15s}"
         lines.append(row)
     return "\n".join(lines)
