@@ -16,9 +16,11 @@ from tvm_hybrid.bench import workloads
 from tvm_hybrid.host import make_target
 from tvm_hybrid.microkernels import (
     ensure_tensor_intrin,
+    family_of,
     integer_gemm_dtype,
     microkernels_for,
     tensor_intrin,
+    weight_pair_sum,
 )
 from tvm_hybrid.passes.packed_gemm import KERNEL_NAMES, pack_weight
 from tvm_hybrid.schedules.gemm.template import TEMPLATE_ANNOTATION
@@ -73,15 +75,21 @@ def test_int8_microkernel_family_and_names():
     assert kernels and all(k.in_dtype == "uint8" and k.acc_dtype == "int32" for k in kernels)
     assert all(k.k_step == 4 and k.fits_registers() for k in kernels)
     haswell = make_target({"kind": "llvm", "mcpu": "haswell"})
-    assert microkernels_for(haswell, "uint8") == []  # no u8 x s8 dot product without VNNI...
-    s16 = microkernels_for(haswell, "int16")  # ...but the exact s16 kernel
+    # No u8 x s8 dot product without VNNI: vpmaddubsw, exact for bounded weights only...
+    maddubs = microkernels_for(haswell, "uint8")
+    assert maddubs and all(k.isa == "avx2_maddubs" and k.k_step == 4 for k in maddubs)
+    assert family_of(maddubs[0]).pair_bound == 128 and not family_of(kernels[0]).pair_bound
+    s16 = microkernels_for(haswell, "int16")  # ...and the exact s16 kernel for any weights
     assert s16 and all(k.isa == "avx2_s16" and k.k_step == 2 and k.fits_registers() for k in s16)
     assert integer_gemm_dtype(haswell, -128, 127) == "int16"
+    assert integer_gemm_dtype(haswell, -128, 127, pair_sum=129) == "int16"
+    assert integer_gemm_dtype(haswell, -64, 64, pair_sum=128) == "uint8"
     assert integer_gemm_dtype(icelake, -128, 127) == "uint8"
+    assert integer_gemm_dtype(icelake, -128, 127, pair_sum=255) == "uint8"  # VNNI: any s8
     assert integer_gemm_dtype(icelake, 0, 255) == "int16"  # u8 weights: s16 on any AVX2 CPU
     nehalem = make_target({"kind": "llvm", "mcpu": "nehalem"})
     assert integer_gemm_dtype(nehalem, -128, 127) is None
-    for kernel in (kernels[0], s16[0]):
+    for kernel in (kernels[0], s16[0], maddubs[0]):
         name = tensor_intrin(kernel, 64)
         assert name == f"{kernel.name}_k64" and ensure_tensor_intrin(name)
 
@@ -109,6 +117,91 @@ def test_avx2_integer_gemm_assembly_uses_vpmaddwd(mcpu):
     asm = model.inspect_source("asm")
     assert len(re.findall(r"vpmaddwd\s+.*%ymm", asm)) >= 8
     assert "vpmaddubsw" not in asm and "zmm" not in asm and "vpdpbusd" not in asm
+
+
+def test_weight_pair_sum_is_per_column_and_pads_odd_k():
+    w = np.zeros((5, 3), np.int32)
+    w[0, 0], w[1, 0] = 64, -64      # one pair at the bound
+    w[1, 1], w[2, 1] = 127, 127     # different pairs (0, 1) and (2, 3): 127 each
+    w[4, 2] = -128                  # K = 5: the last k pairs with a zero
+    assert weight_pair_sum(w) == 128
+    w[3, 1] = 2
+    assert weight_pair_sum(w) == 129
+    assert weight_pair_sum(np.zeros((0, 4), np.int32)) == 0
+
+
+def _bounded_weights(k, n, seed=0):
+    """s8 weights with every pair of adjacent k within the vpmaddubsw bound, the extreme
+    pairs included: (127, 1), (-128, 0), (64, 64), (-64, -64), (100, -28)."""
+    rng = np.random.default_rng(seed)
+    w = rng.integers(-64, 65, (k, n))
+    extremes = [(127, 1), (-128, 0), (64, 64), (-64, -64), (100, -28), (0, -128)]
+    for j, (a, b) in enumerate(extremes * (n // len(extremes) + 1)):
+        if j < n and k >= 2:
+            w[0, j], w[1, j] = a, b
+    return w.astype(np.int8)
+
+
+def _matmul_integer_with(weight, m, activations, zp, seed=1):
+    """A MatMulInteger workload with the given constant weight (workloads.matmul_integer's
+    graph, its weight initializer replaced)."""
+    from onnx import numpy_helper
+
+    k, n = weight.shape
+    wl = workloads.matmul_integer(m, n, k, activations=activations, zero_point=zp, seed=seed)
+    node = wl.model.graph.node[0]
+    for init in wl.model.graph.initializer:
+        if init.name == node.input[1]:
+            init.CopyFrom(numpy_helper.from_array(weight, init.name))
+    return wl
+
+
+@pytest.mark.parametrize("mcpu", ["haswell", "znver3"])
+def test_avx2_bounded_weights_assembly_uses_vpmaddubsw(mcpu):
+    """7-bit weights without VNNI (compiled, not run): the vpmaddubsw + vpmaddwd sequence on
+    ymm, on the template."""
+    wl = workloads.matmul_integer(64, 64, 128, weight_range=(-64, 65))
+    model = tvm_hybrid.compile(wl.model, {"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
+    assert any(note.startswith("avx2_maddubs") for note in _template_notes(model))
+    asm = model.inspect_source("asm")
+    assert len(re.findall(r"vpmaddubsw\s+.*%ymm", asm)) >= 8
+    assert len(re.findall(r"vpmaddwd\s+.*%ymm", asm)) >= 8
+    assert "zmm" not in asm and "vpdpbusd" not in asm
+
+
+@pytest.mark.requires("avx2")
+@pytest.mark.parametrize("m, n, k, activations, zp", [
+    (64, 64, 128, "uint8", 3), (7, 40, 36, "int8", -5), (1, 96, 256, "uint8", 255),
+    (32, 32, 63, "uint8", 0), (16, 24, 64, "int8", 127), (48, 48, 1024, "uint8", 128),
+])
+def test_avx2_vpmaddubsw_kernel_is_exact_for_bounded_weights(m, n, k, activations, zp):
+    """Haswell code (run here): weights at the pair bound, activations at their extremes,
+    where one more unit of weight would saturate; bit-exact against int64 numpy."""
+    target = make_target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
+    wl = _matmul_integer_with(_bounded_weights(k, n), m, activations, zp)
+    model = tvm_hybrid.compile(wl.model, target)
+    (name,) = _gemm_kernels(model)
+    assert "avx2_maddubs" in model.lowered[name].script()
+    np.testing.assert_array_equal(model(**wl.inputs), workloads.matmul_integer_reference(wl))
+    for fill in (np.iinfo(activations).min, np.iinfo(activations).max):
+        data = np.full((m, k), fill, activations)
+        filled = workloads.Workload(wl.name, wl.model, {"a": data}, wl.flops)
+        np.testing.assert_array_equal(model(data), workloads.matmul_integer_reference(filled))
+
+
+@pytest.mark.requires("avx2")
+def test_one_pair_beyond_the_bound_takes_the_s16_kernel():
+    """A single pair (127, 2) makes vpmaddubsw saturate at a = 255: the s16 kernel, exact."""
+    target = make_target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
+    weight = _bounded_weights(64, 32)
+    weight[10, 5], weight[11, 5] = 127, 2
+    wl = _matmul_integer_with(weight, 16, "uint8", 0)
+    model = tvm_hybrid.compile(wl.model, target)
+    (name,) = _gemm_kernels(model)
+    assert "avx2_s16" in model.lowered[name].script()
+    data = np.full((16, 64), 255, np.uint8)
+    filled = workloads.Workload(wl.name, wl.model, {"a": data}, wl.flops)
+    np.testing.assert_array_equal(model(data), workloads.matmul_integer_reference(filled))
 
 
 @pytest.mark.requires("avx2")

@@ -53,7 +53,9 @@ def test_preference_follows_rank_and_features():
     assert microkernels_for(HASWELL, "float32")[0].isa == "avx2"
     assert microkernels_for(ZEN5, "bfloat16")[0].isa == "avx512_bf16"
     assert microkernels_for(HASWELL, "bfloat16")[0].isa == "avx2_bf16emu"
-    assert microkernels_for(HASWELL, "uint8") == []
+    # Without VNNI, u8 x s8 is AVX2's vpmaddubsw, exact only for bounded weights.
+    assert [f.pair_bound for f in {family_of(k) for k in microkernels_for(HASWELL, "uint8")}] \
+        == [128]
     assert microkernels_for(SPR, "uint8")[0].isa == "amx"
     assert microkernels_for(SPR, "uint8", include_blocks=False)[0].isa == "avx512_vnni"
     assert microkernels_for(make_target({"kind": "llvm", "mcpu": "x86-64"}), "float32") == []

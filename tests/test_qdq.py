@@ -107,6 +107,18 @@ def test_qdq_without_vnni_uses_the_exact_avx2_kernel():
     np.testing.assert_array_equal(model(**wl.inputs), workloads.qdq_reference(wl))
 
 
+@pytest.mark.parametrize("reduce_range, isa", [(True, "avx2_maddubs"), (False, "avx2_s16")])
+def test_qdq_reduce_range_weights_take_vpmaddubsw_without_vnni(reduce_range, isa):
+    """7-bit weights (ONNX Runtime's reduce_range) run on the vpmaddubsw kernel on an AVX2 CPU,
+    8-bit ones on s16; both bit-exact against the integer reference (haswell code, run here)."""
+    wl = workloads.qdq_mlp(32, (13, 512, 256, 128), reduce_range=reduce_range)
+    model = tvm_hybrid.compile(wl.model, {"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
+    gemms = [func.script() for gvar, func in model.lowered.functions.items()
+             if isinstance(func, tvm.tirx.PrimFunc) and "int8_packed_matmul" in gvar.name_hint]
+    assert len(gemms) == 3 and all(isa in script for script in gemms)
+    np.testing.assert_array_equal(model(**wl.inputs), workloads.qdq_reference(wl))
+
+
 def test_without_avx2_qdq_models_keep_the_float_path():
     """A target with no int8 microkernel leaves QDQ to TVM's float lowering (as stock)."""
     wl = workloads.qdq_mlp(8, (64, 32, 16))

@@ -15,6 +15,7 @@ ratio table: its speed is what its users get. This prints ratios; it is not a te
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import numpy as np
 
@@ -38,8 +39,11 @@ def main() -> None:
     print(f"peak: {measured.describe()}")
     peers = [p.strip() for p in args.peers.split(",")]
     rows = []
+    # 7-bit weights (ONNX Runtime's reduce_range): exact on AVX2's vpmaddubsw (no VNNI).
+    seven_bit = workloads.matmul_integer(1024, 1024, 1024, weight_range=(-64, 65))
     gemms = (workloads.matmul_integer(1024, 1024, 1024),
-             workloads.matmul_integer(1024, 1024, 1024, activations="int8", zero_point=3))
+             workloads.matmul_integer(1024, 1024, 1024, activations="int8", zero_point=3),
+             dataclasses.replace(seven_bit, name=seven_bit.name + "_w7"))
     for wl in gemms:
         if args.only and args.only not in wl.name:
             continue
@@ -71,12 +75,14 @@ def main() -> None:
                          if peer.inexact else ""))
             else:
                 print(f"  {peer.name:12s} {peer.error}")
-    print("\nQDQ MLPs (u8 activations, per-channel s8 weights): hybrid is checked bit for bit")
+    print("\nQDQ MLPs (u8 activations, per-channel s8 weights; _rr: 7-bit weights, ONNX Runtime's")
+    print("reduce_range): hybrid is checked bit for bit")
     print("against the QDQ integer reference; peers (float QDQ semantics) within 2% or 0.02")
-    for batch in (32, 128):
-        for wl in (workloads.qdq_mlp(batch, (13, 512, 256, 128), name="mlp1"),
+    for batch, reduce_range in ((32, False), (128, False), (32, True), (128, True)):
+        for wl in (workloads.qdq_mlp(batch, (13, 512, 256, 128), name="mlp1",
+                                     reduce_range=reduce_range),
                    workloads.qdq_mlp(batch, (479, 1024, 1024, 512, 256, 1), final="Sigmoid",
-                                     name="mlp2")):
+                                     name="mlp2", reduce_range=reduce_range)):
             if args.only and args.only not in wl.name:
                 continue
             hybrid = tvm_hybrid.compile(wl.model)

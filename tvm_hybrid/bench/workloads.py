@@ -112,13 +112,16 @@ def _activation_qparams(g: _Graph, values: np.ndarray) -> tuple[str, str]:
 
 
 def qdq_mlp(batch: int, dims: tuple[int, ...], *, seed: int = 0, final: str | None = None,
-            name: str | None = None) -> Workload:
+            name: str | None = None, reduce_range: bool = False) -> Workload:
     """The :func:`mlp` quantized to int8 as an ONNX QDQ model (what ONNX Runtime's quantizer
     writes): u8 activations (per-tensor, asymmetric, calibrated on the workload's input), s8
     weights (per output channel, symmetric), fp32 bias; ``QuantizeLinear``/``DequantizeLinear``
     around every MatMul, ReLU before each requantization, ``final`` applied to the dequantized
-    output of the last layer.
+    output of the last layer. ``reduce_range`` quantizes the weights to 7 bits, ``[-64, 64]``,
+    as ONNX Runtime's quantizers do with that option (advised for AVX2 CPUs without VNNI);
+    the workload's name then ends in ``_rr``.
     """
+    qmax = 64 if reduce_range else 127
     fp32 = mlp(batch, dims, seed=seed, final=final, name=name)
     inits = {t.name: numpy_helper.to_array(t) for t in fp32.model.graph.initializer}
     weights = [n.input[1] for n in fp32.model.graph.node if n.op_type == "MatMul"]
@@ -131,8 +134,8 @@ def qdq_mlp(batch: int, dims: tuple[int, ...], *, seed: int = 0, final: str | No
     value = x
     for n, (wname, bname) in enumerate(zip(weights, biases)):
         w, b = inits[wname], inits[bname]
-        w_scale = (np.abs(w).max(axis=0) / 127).astype(np.float32)
-        w_q = np.clip(np.round(w / w_scale), -127, 127).astype(np.int8)
+        w_scale = (np.abs(w).max(axis=0) / qmax).astype(np.float32)
+        w_q = np.clip(np.round(w / w_scale), -qmax, qmax).astype(np.int8)
         w_dq = g.op("DequantizeLinear", g.const(w_q, "wq"), g.const(w_scale, "ws"),
                     g.const(np.zeros(w.shape[1], np.int8), "wz"), axis=1)
         cur = g.op("Add", g.op("MatMul", cur, w_dq), g.const(b, "b"))
@@ -148,7 +151,8 @@ def qdq_mlp(batch: int, dims: tuple[int, ...], *, seed: int = 0, final: str | No
     out = g.op("Identity", cur)
     proto = g.model("qdq_mlp", [_value("x", (batch, dims[0]))],
                     [_value(out, (batch, dims[-1]))])
-    return Workload(f"qdq_{fp32.name}", proto, dict(fp32.inputs), fp32.flops)
+    return Workload(f"qdq_{fp32.name}{'_rr' if reduce_range else ''}", proto, dict(fp32.inputs),
+                    fp32.flops)
 
 
 def qdq_reference(wl: Workload) -> np.ndarray:

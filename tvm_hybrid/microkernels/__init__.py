@@ -17,6 +17,8 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+import numpy as np
+
 from . import families as _families
 from . import registry
 from .kernel import Family, Microkernel, vector_tiles
@@ -39,13 +41,29 @@ for _module in pkgutil.iter_modules(_families.__path__):
     importlib.import_module(f"{_families.__name__}.{_module.name}")
 
 
-def integer_gemm_dtype(target, weight_min: int, weight_max: int) -> str | None:
+def weight_pair_sum(weights) -> int:
+    """``max |w[2j, n]| + |w[2j + 1, n]|`` over the pairs of adjacent ``k`` of ``weights``
+    ``[K, N]`` (``K`` zero-padded to even): what decides whether a family with a
+    :attr:`~.kernel.Family.pair_bound` is exact for them."""
+    w = np.abs(np.asarray(weights, dtype=np.int64))
+    if w.shape[0] % 2:
+        w = np.concatenate([w, np.zeros((1,) + w.shape[1:], np.int64)])
+    return int((w[0::2] + w[1::2]).max(initial=0))
+
+
+def integer_gemm_dtype(target, weight_min: int, weight_max: int,
+                       pair_sum: int | None = None) -> str | None:
     """The operand dtype of the best integer GEMM ``target`` has for these weights.
 
-    ``"uint8"`` where the CPU has a u8 x s8 dot product (VNNI, AMX) and the weights fit in s8;
-    else ``"int16"`` (the AVX2 s16 kernel, any 8-bit data); None when the target has neither.
+    ``"uint8"`` where the CPU has a u8 x s8 kernel exact for them: a dot product (VNNI, AMX)
+    for any s8 weights, or AVX2's ``vpmaddubsw`` when their :func:`weight_pair_sum` is given
+    and within its bound; else ``"int16"`` (the AVX2 s16 kernel, any 8-bit data); None when
+    the target has neither.
     """
-    if microkernels_for(target, "uint8") and -128 <= weight_min and weight_max <= 127:
+    family = best_vector_family(target, "uint8")
+    exact = family is not None and (not family.pair_bound or (
+        pair_sum is not None and pair_sum <= family.pair_bound))
+    if microkernels_for(target, "uint8") and exact and -128 <= weight_min and weight_max <= 127:
         return "uint8"
     return "int16" if microkernels_for(target, "int16") else None
 
@@ -65,6 +83,7 @@ __all__ = [
     "has_gemm_kernels",
     "has_integer_kernels",
     "integer_gemm_dtype",
+    "weight_pair_sum",
     "isa_tiers",
     "microkernel_by_name",
     "microkernels_for",

@@ -128,6 +128,10 @@ class Family:
         The intrinsic generator: per register tile, or per block (``per_block`` kernels).
     note
         What a user should know when the family is chosen (logged at compile time), or "".
+    pair_bound
+        0 when the family is exact for any weights of its dtype; else it is exact only for
+        weights whose pairs of adjacent ``k`` have ``|b0| + |b1| <= pair_bound`` in every
+        column (AVX2's saturating ``vpmaddubsw``), and is chosen only for such constants.
     """
 
     tier: str
@@ -136,6 +140,7 @@ class Family:
     tile_functions: TileFunctions | None = None
     block_functions: BlockFunctions | None = None
     note: str = ""
+    pair_bound: int = 0
 
     @property
     def first(self) -> Microkernel:

@@ -6,7 +6,10 @@ TVM imports ONNX ``MatMulInteger`` (and the integer core of quantized graphs) as
 a microkernel computes exactly; which one depends on the target
 (:func:`~tvm_hybrid.microkernels.integer_gemm_dtype`):
 
-* **u8 x s8** (VNNI, AMX), when every value of ``W32`` fits in ``s8``::
+* **u8 x s8** (VNNI, AMX), when every value of ``W32`` fits in ``s8``; on AVX2 CPUs without
+  VNNI, ``vpmaddubsw`` when every pair of adjacent ``k`` of every column of ``W32`` has
+  ``|w0| + |w1| <= 128`` (7-bit weights, for one), where its pair sums cannot saturate
+  (``microkernels/families/maddubs.py``)::
 
       y[i, j] = sum_k (x[i, k] - zp) * W32[k, j]
               = sum_k xu[i, k] * W32[k, j] - zp_u * colsum(W32)[j]
@@ -15,8 +18,8 @@ a microkernel computes exactly; which one depends on the target
   activations with ``zp_u = zp + 128``: VNNI multiplies unsigned by signed bytes. The
   compensation ``zp_u * colsum(W32)`` is a constant computed here with numpy; ``W32`` is stored
   packed, ``W_packed[N_pad / nr, K / 4, nr, 4]`` (``K`` in groups of 4).
-* **s16 x s16** (AVX2 without VNNI), for any 8-bit data: ``x - zp`` as ``s16`` (a cast that
-  fuses into the producer of ``x``) times ``W32`` as ``s16``, packed in pairs,
+* **s16 x s16** (AVX2 without VNNI, other weights), for any 8-bit data: ``x - zp`` as ``s16``
+  (a cast that fuses into the producer of ``x``) times ``W32`` as ``s16``, packed in pairs,
   ``W_packed[N_pad / nr, K / 2, nr, 2]``; no compensation.
 
 Both are the packed GEMM of ``packed_gemm.py`` (this module prepares its operands): ``N`` is
@@ -33,7 +36,7 @@ import tvm
 from tvm import relax
 from tvm.target import Target
 
-from ..microkernels import has_integer_kernels, integer_gemm_dtype
+from ..microkernels import has_integer_kernels, integer_gemm_dtype, weight_pair_sum
 from ..schedules.gemm.heuristics import weight_layout
 from .packed_gemm import emit_packed_gemm
 from .relax_rewrite import (
@@ -59,7 +62,8 @@ def emit_int8_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
     x_ty = x.ty
     k, n = w32.shape
     m = int(x_ty.shape.values[-2])
-    dtype = integer_gemm_dtype(target, int(w32.min(initial=0)), int(w32.max(initial=0)))
+    dtype = integer_gemm_dtype(target, int(w32.min(initial=0)), int(w32.max(initial=0)),
+                               weight_pair_sum(w32))
     if dtype == "int16":
         return _emit_s16_gemm(builder, target, x, zero_point, w32)
     if dtype is None or weight_layout(target, "uint8", m, n, k) is None:

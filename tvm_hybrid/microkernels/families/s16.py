@@ -6,8 +6,10 @@ On Haswell to Zen 3 there is no u8 x s8 dot product that is exact, so ``avx2_s16
 producer, weights at compile time. Every product of 8-bit values (even ``u8`` weights, or zero
 points folded in) is exact in s32, and the kernel issues two instructions per 16 products, no
 conversion: 89% of the rate of ONNX Runtime's ``vpmaddubsw`` + ``vpmaddwd`` sequence in
-registers (measured by ``peak.py``), which saturates s16 and is not exact. (``vpmaddubsw`` made
-exact with the sign trick, ``vpmaddubsw(|a|, sign(b, a))``, measured 80%.)
+registers (measured by ``peak.py`` on Zen 5; 70-84% on a Zen 3), which saturates s16 and is not
+exact. (``vpmaddubsw`` made exact with the sign trick, ``vpmaddubsw(|a|, sign(b, a))``,
+measured 80% on Zen 5 and no faster than s16 on Zen 3.) Weights whose adjacent pairs cannot
+saturate ``vpmaddubsw`` (7-bit weights) take that sequence itself: ``maddubs.py``.
 """
 
 from __future__ import annotations

@@ -106,7 +106,8 @@ def _query_block(lanes: int, q_len: int) -> int:
 
 def _int8_knobs(target: Target, shape: AttentionShape) -> AttentionKnobs | None:
     family = best_vector_family(target, "uint8")
-    if family is None or family.first.k_step != 4 or shape.head_dim % 4:
+    # A dot product exact for any operands: P and V are not constants (not AVX2's vpmaddubsw).
+    if family is None or family.pair_bound or family.first.k_step != 4 or shape.head_dim % 4:
         return None
     q_block = _query_block(family.first.lanes, shape.q_len)
     tiles = [dataclasses.replace(family.first, mr=mr, nr=q_block)
