@@ -82,6 +82,20 @@ def test_select_is_the_one_ranking():
     packed = select(ZEN5, "float32", odd, packing=True)
     assert packed and panel_width(ZEN5, "float32", 64, 50, 30) == packed[0].panel_width
     assert all(k.panel_width == 16 for k in select(ZEN5, "float32", square, panel=16))
+    # Padded columns are wasted work: 32 columns take a 32-wide panel on AVX2, not the 24-wide
+    # panel of the 4 x 24 tile (48 columns computed); 1000 columns (1008 computed) keep it.
+    assert panel_width(HASWELL, "float32", 64, 32, 64) == 32
+    assert panel_width(HASWELL, "float32", 64, 1000, 64) == 24
+    assert panel_width(HASWELL, "float32", 64, 16, 64) == 16
+
+
+def test_direct_convolution_panels_count_useful_channels():
+    from tvm_hybrid.schedules.conv_template import conv_panel
+
+    kernels = microkernels_for(HASWELL, "float32")
+    assert conv_panel(kernels, 32, 32) == 16  # 4 x 16 (2 x 32 is below the conv's 4 rows)
+    assert conv_panel(kernels, 32, 96) == 24  # 4 x 24, no padding
+    assert conv_panel(kernels, 7, 64) is None  # no tile of at least 4 rows divides 7
 
 
 def test_intrinsic_names_round_trip():

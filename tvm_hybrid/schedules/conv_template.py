@@ -36,7 +36,7 @@ from tvm.target import Target
 from ..host import cache_sizes
 from ..microkernels import Microkernel, microkernel_by_name, microkernels_for, tensor_intrin
 from .accumulate import accumulate_in_tile
-from .gemm.heuristics import divisors
+from .gemm.heuristics import divisors, padded_throughput
 from .gemm.template import TEMPLATE_ANNOTATION
 from .parallel_vectorize import inline_free_producers
 from .template import Template, adjacent
@@ -94,6 +94,20 @@ def conv_kernels(kernels: list[Microkernel], width: int, panel: int) -> list[Mic
     accumulators first."""
     fitting = [k for k in kernels if k.nr == panel and k.mr >= MIN_MR and width % k.mr == 0]
     return sorted(fitting, key=lambda k: (k.mr * k.nr, k.mr), reverse=True)
+
+
+def conv_panel(kernels: list[Microkernel], width: int, channels: int) -> int | None:
+    """The panel width to pack a direct convolution's weights with (``channels`` output
+    channels padded to whole panels), or None when no kernel tiles ``width``: the one of the
+    kernel with the most throughput on the useful channels (``heuristics.padded_throughput``:
+    32 channels take 16-wide panels, not 24-wide ones computing 48). Tiles of two vectors or
+    more only: a one-vector tile broadcasts once per FMA (im2col and a GEMM tile do better)."""
+    fitting = [k for k in kernels
+               if k.mr >= MIN_MR and width % k.mr == 0 and k.nr >= 2 * k.lanes]
+    if not fitting:
+        return None
+    best = max(fitting, key=lambda k: (padded_throughput(k, channels), k.mr * k.nr, k.mr))
+    return best.nr
 
 
 def choose_conv_kernel(kernels: list[Microkernel], width: int, panel: int) -> Microkernel | None:

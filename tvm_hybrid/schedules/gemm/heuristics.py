@@ -12,7 +12,8 @@ The model, in the spirit of the oneDNN Graph Compiler's:
    tails), take the one with the most FMAs per load, ``(mr * nr / lanes) / (mr + nr / lanes)``,
    needing at least 8 accumulators to cover FMA latency when ``M`` allows; ties go to the
    wider tile (fewer broadcasts of ``A``). :func:`select` ranks a target's kernels so, for
-   the passes that pack constant weights (with ``N`` padded: :func:`panel_width`), for the
+   the passes that pack constant weights (with ``N`` padded: :func:`panel_width`; there the
+   FMAs per load are scaled by the share of useful columns, ``N / N_padded``), for the
    template (among kernels of the packed width) and for the tuner.
 2. **Blocks.** Over divisors ``mb`` of ``M / mr`` and ``nb`` of ``N / nr``, minimise::
 
@@ -108,7 +109,18 @@ def select(target: Target, in_dtype: str, shape: GemmShape, *, panel: int | None
         if (kernel.per_block or not packing) and not whole:
             continue
         out.append(kernel)
+    if packing:  # N padded to whole panels: a tile's throughput counts its useful columns only
+        return sorted(out, key=lambda k: (padded_throughput(k, shape.n), kernel_score(k)),
+                      reverse=True)
     return sorted(out, key=kernel_score, reverse=True)
+
+
+def padded_throughput(kernel: Microkernel, n: int) -> float:
+    """:func:`_throughput` times the useful share of the columns once ``N`` is padded to whole
+    panels: 32 columns on 24-wide panels compute 48, so a 4x24 tile does a third of its work
+    on zeros and a 2x32 or 4x16 tile is faster."""
+    cols = -(-n // kernel.panel_width) * kernel.panel_width
+    return _throughput(kernel) * n / cols
 
 
 def padded_rows(target: Target, in_dtype: str, shape: GemmShape) -> int:
