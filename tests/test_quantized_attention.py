@@ -3,11 +3,12 @@
 
 The kernel's integer products are exact; its softmax is fp32, so a probability within float
 rounding of a quantization boundary may round to the neighbouring step. The numeric tests run
-it (VNNI hosts) against an integer reference of the same arithmetic (float64 softmax) and
-require most rows to be bit-identical and every difference to be at most the effect of a few
-such steps; the end-to-end tests compare against ONNX Runtime's QDQ result (which quantizes
-the probabilities its own way) within the same bound. The assembly test compiles for a named
-AVX-512 VNNI CPU and reads the code on any host.
+it (VNNI on VNNI hosts, AVX2's s16 form on any host) against an integer reference of the same
+arithmetic (float64 softmax) and require most rows to be bit-identical and every difference
+to be at most the effect of a few such steps; the end-to-end tests compare against ONNX
+Runtime's QDQ result (which quantizes the probabilities its own way) within the same bound.
+The assembly tests compile for named CPUs (AVX-512 VNNI, AVX-VNNI, AVX2) and read the code on
+any host.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from tvm_hybrid.schedules.attention.workload import Quantization
 HASWELL = tvm_hybrid.make_target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
 ZNVER5 = tvm_hybrid.make_target({"kind": "llvm", "mcpu": "znver5", "num-cores": 2})
 ALDERLAKE = tvm_hybrid.make_target({"kind": "llvm", "mcpu": "alderlake", "num-cores": 2})
+NEHALEM = tvm_hybrid.make_target({"kind": "llvm", "mcpu": "nehalem", "num-cores": 2})
 
 
 def _assert_close_to_integer(got, want, qt: Quantization, v8, steps: int = 3):
@@ -61,9 +63,37 @@ CASES = [
 ]
 
 
-@pytest.mark.requires("avx512vnni")
+def _check_preparation(prepared, k8, v8, qt: Quantization, group: int):
+    """The preparation's outputs, exactly: VNNI: K's row sums, V's 4-key words and column
+    sums; s16: K's and V's pairs less their zero points."""
+    batch, heads, kv_len, d = k8.shape
+    if group == 4:
+        ks, vw, vs = (t.numpy() for t in prepared)
+        np.testing.assert_array_equal(ks, k8.astype(np.int64).sum(-1))
+        np.testing.assert_array_equal(vs, v8.astype(np.int64).sum(-2))
+        padded = np.zeros((batch, heads, 4 * vw.shape[2], d), np.uint8)
+        padded[:, :, :kv_len] = v8
+        words = padded.reshape(batch, heads, -1, 4, d).transpose(0, 1, 2, 4, 3).copy()
+        np.testing.assert_array_equal(vw, words.view(np.int32)[..., 0])
+        return
+    kw, vw = (t.numpy() for t in prepared)
+    keys = (k8.astype(np.int16) - qt.k_zero).transpose(0, 1, 3, 2)  # [b, h, d, kv]
+    pairs = keys.reshape(batch, heads, d // 2, 2, kv_len).transpose(0, 1, 2, 4, 3).copy()
+    np.testing.assert_array_equal(kw, pairs.view(np.int32)[..., 0])
+    padded = np.zeros((batch, heads, 2 * vw.shape[2], d), np.int16)
+    padded[:, :, :kv_len] = v8.astype(np.int16) - qt.v_zero
+    pairs = padded.reshape(batch, heads, -1, 2, d).transpose(0, 1, 2, 4, 3).copy()
+    np.testing.assert_array_equal(vw, pairs.view(np.int32)[..., 0])
+
+
+# The int8 families: VNNI where the host has it, AVX2's s16 form (compiled for Haswell) on any.
+FAMILIES = [pytest.param(None, "vnni", marks=pytest.mark.requires("avx512vnni"), id="vnni"),
+            pytest.param(HASWELL, "avx2_s16", id="s16")]
+
+
+@pytest.mark.parametrize("target,isa", FAMILIES)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[:4])))
-def test_quantized_attention_kernel_is_exact_in_integers(case):
+def test_quantized_attention_kernel_is_exact_in_integers(case, target, isa):
     batch, heads, q_len, kv_len, layouts, masked, (zq, zk, zv, zp) = case
     d = 64
     rng = np.random.default_rng(kv_len)
@@ -77,29 +107,24 @@ def test_quantized_attention_kernel_is_exact_in_integers(case):
     shape = AttentionShape(batch, heads, q_len, kv_len, d, *layouts, rank=4,
                            mask_shape=None if mask is None else mask.shape,
                            scale=1 / math.sqrt(d), quant=qt)
-    target = host_target()
+    target = target or host_target()
     knobs = choose_knobs(target, shape)
-    assert knobs is not None and knobs.qk.isa.endswith("vnni"), shape.describe()
+    assert knobs is not None and knobs.qk.isa.endswith(isa), shape.describe()
+    group = knobs.qk.k_step
     mod = tvm.IRModule({
-        "prep": attention_prep_kernel(shape).with_attr("global_symbol", "prep"),
+        "prep": attention_prep_kernel(shape, group).with_attr("global_symbol", "prep"),
         "attention": quantized_attention_kernel(shape, knobs).with_attr("global_symbol",
                                                                         "attention")})
     ex = tvm.compile(mod, target=target)
     q8, k8, v8 = (rng.integers(0, 256, (batch, heads, n, d)).astype(np.uint8)
                   for n in (q_len, kv_len, kv_len))
     k_in = tvm.runtime.tensor(_to_layout(k8, layouts[1]))
-    prepared = [tvm.runtime.empty(s, "int32") for s in prep_shapes(shape)]
+    prepared = [tvm.runtime.empty(s, "int32") for s in prep_shapes(shape, group)]
     ex["prep"](k_in, tvm.runtime.tensor(_to_layout(v8, layouts[2])), *prepared)
-    # The preparation: K's row sums, V's column sums and 4-key words, exactly.
-    ks, vw, vs = (t.numpy() for t in prepared)
-    np.testing.assert_array_equal(ks, k8.astype(np.int64).sum(-1))
-    np.testing.assert_array_equal(vs, v8.astype(np.int64).sum(-2))
-    padded = np.zeros((batch, heads, 4 * vw.shape[2], d), np.uint8)
-    padded[:, :, :kv_len] = v8
-    words = padded.reshape(batch, heads, -1, 4, d).transpose(0, 1, 2, 4, 3).copy()
-    np.testing.assert_array_equal(vw, words.view(np.int32)[..., 0])
+    _check_preparation(prepared, k8, v8, qt, group)
     out = tvm.runtime.tensor(np.full(shape.tensor_shape(layouts[3], q_len), np.nan, "float32"))
-    args = [tvm.runtime.tensor(_to_layout(q8, layouts[0])), k_in, *prepared]
+    args = [tvm.runtime.tensor(_to_layout(q8, layouts[0])), *([k_in] if group == 4 else []),
+            *prepared]
     ex["attention"](*args, *([tvm.runtime.tensor(mask)] if masked else []), out)
     got = out.numpy()
     got = got if layouts[3] == "bhsd" else got.transpose(0, 2, 1, 3)
@@ -107,41 +132,61 @@ def test_quantized_attention_kernel_is_exact_in_integers(case):
     _assert_close_to_integer(got, want, qt, v8)
 
 
-def test_int8_knobs_need_vnni():
+def test_int8_knobs_take_vnni_else_avx2_s16():
     shape = AttentionShape(1, 12, 384, 384, 64, quant=Quantization(0.1, 1, 0.1, 2, 0.1, 3,
                                                                    1 / 256, 0))
     knobs = choose_knobs(ZNVER5, shape)
     assert knobs.qk.isa == knobs.pv.isa == "avx512_vnni" and knobs.q_block == 64
     assert knobs.qk.fits_registers() and knobs.pv.fits_registers() and 64 % knobs.pv.mr == 0
-    # No u8 x s8 dot product on AVX2: no int8 knobs (the attention stays in per-op kernels).
-    assert choose_knobs(HASWELL, shape) is None
+    # AVX2: no exact u8 x s8 dot product for operands that are not constants (vpmaddubsw
+    # saturates): the s16 family, 16 queries (the scores stay in L1), 4 x 16 tiles.
+    knobs = choose_knobs(HASWELL, shape)
+    assert knobs.qk.isa == knobs.pv.isa == "avx2_s16" and knobs.qk.k_step == 2
+    assert (knobs.qk.mr, knobs.qk.nr, knobs.pv.mr, knobs.pv.nr) == (4, 16, 4, 16)
+    assert knobs.qk.fits_registers() and knobs.pv.fits_registers()
+    # Without AVX2 no int8 family: the attention stays in per-op kernels.
+    assert choose_knobs(NEHALEM, shape) is None
 
 
-@pytest.mark.parametrize("target,register", [(ZNVER5, "zmm"), (ALDERLAKE, "ymm")],
-                         ids=["znver5", "alderlake"])
-def test_quantized_attention_assembly_runs_on_vpdpbusd_in_registers(target, register):
-    """Both products issue ``vpdpbusd`` (AVX512-VNNI on zmm, AVX-VNNI on ymm); the
-    accumulators stay in registers across the reduction (no store right after a dot
-    product)."""
+@pytest.mark.parametrize("target,register,dot",
+                         [(ZNVER5, "zmm", "vpdpbusd"), (ALDERLAKE, "ymm", "vpdpbusd"),
+                          (HASWELL, "ymm", "vpmaddwd")],
+                         ids=["znver5", "alderlake", "haswell"])
+def test_quantized_attention_assembly_runs_on_integer_dots_in_registers(target, register, dot):
+    """Both products issue the family's dot product (``vpdpbusd``: AVX512-VNNI on zmm,
+    AVX-VNNI on ymm; ``vpmaddwd`` on AVX2); the accumulators stay in registers across the
+    reduction (no store right after a dot product)."""
     shape = AttentionShape(1, 2, 64, 100, 64, mask_shape=(1, 1, 1, 100), scale=0.125,
                            quant=Quantization(0.1, 1, 0.1, 2, 0.1, 3, 1 / 256, 0))
-    func = quantized_attention_kernel(shape, choose_knobs(target, shape))
+    knobs = choose_knobs(target, shape)
+    func = quantized_attention_kernel(shape, knobs)
     ex = tvm.compile(tvm.IRModule({"attention": func.with_attr("global_symbol", "attention")}),
                      target=target)
     lines = ex.mod.inspect_source("s").splitlines()
-    dots = [i for i, line in enumerate(lines)
-            if re.search(rf"vpdpbusd\s+[^\n]*%{register}", line)]
-    assert len(dots) >= 32, len(dots)
+    dots = [i for i, line in enumerate(lines) if re.search(rf"{dot}\s+[^\n]*%{register}", line)]
+    # At least one unrolled step of each tile: one dot per row and vector of queries.
+    per_step = (knobs.qk.mr + knobs.pv.mr) * knobs.q_block // knobs.qk.lanes
+    assert len(dots) >= per_step >= 16, (len(dots), per_step)
     stored = sum(1 for i in dots if "vmovdq" in lines[i + 1]
                  and lines[i].split(",")[-1].strip() in lines[i + 1])
     assert stored <= len(dots) // 4, f"{stored} of {len(dots)} dot products stored at once"
     assert not any("vfmadd" in lines[i] for i in dots)
+    if dot == "vpmaddwd":  # the words are s16 pairs: nothing saturates
+        assert not any("vpmaddubsw" in line for line in lines)
 
 
-def test_pass_fuses_ort_qdq_attention_only_where_vnni_exists():
+def _kernel_operands(mod) -> list[str]:
+    """The dtypes of the fused kernel's operands in ``mod``'s main."""
+    call = next(b.value for b in mod["main"].body.blocks[0].bindings
+                if isinstance(b.value, relax.Call) and len(b.value.args) == 2
+                and getattr(b.value.args[0], "name_hint", "") == FUSED_ATTENTION)
+    return [str(a.ty.dtype) for a in call.args[1].fields]
+
+
+def test_pass_fuses_ort_qdq_attention_where_an_exact_dot_product_exists():
     """ONNX Runtime's QDQ form (K's transpose between two QDQ pairs, a quantized softmax)
-    becomes the preparation and the fused kernel on ``u8`` inputs with VNNI; with AVX2 only
-    the graph is left as it was."""
+    becomes the preparation and the fused kernel on ``u8`` inputs with VNNI (``K`` read in
+    place) and with AVX2 (``K``'s s16 words); without AVX2 the graph is left as it was."""
     wl = workloads.qdq_attention(2, 40, heads=2)
     mod = from_onnx(wl.model)
     fused = passes.FuseAttention(ZNVER5)(mod)
@@ -154,11 +199,15 @@ def test_pass_fuses_ort_qdq_attention_only_where_vnni_exists():
     kernel = next(f for gv, f in fused.functions.items() if gv.name_hint == FUSED_ATTENTION)
     shape = AttentionShape.from_key(str(kernel.attrs["hybrid.attention_shape"]))
     assert shape.quant is not None and shape.quant.p_scale == 1 / 256
-    call = next(b.value for b in fused["main"].body.blocks[0].bindings
-                if isinstance(b.value, relax.Call) and len(b.value.args) == 2
-                and getattr(b.value.args[0], "name_hint", "") == FUSED_ATTENTION)
-    assert [str(a.ty.dtype) for a in call.args[1].fields[:2]] == ["uint8", "uint8"]
-    unfused = passes.FuseAttention(HASWELL)(mod)
+    # Q and K in u8, K's sums, V's words and sums, the mask.
+    assert _kernel_operands(fused) == ["uint8"] * 2 + ["int32"] * 3 + ["float32"]
+    # AVX2: Q in u8, K and V as the preparation's s16 words (K itself not passed).
+    fused = passes.FuseAttention(HASWELL)(mod)
+    kernel = next(f for gv, f in fused.functions.items() if gv.name_hint == FUSED_ATTENTION)
+    assert "avx2_s16" in str(kernel.attrs[ATTENTION_ATTR])
+    assert _kernel_operands(fused) == ["uint8", "int32", "int32", "float32"]
+    assert "R.nn.softmax" not in fused["main"].script()
+    unfused = passes.FuseAttention(NEHALEM)(mod)
     tvm.ir.assert_structural_equal(unfused, mod)
 
 
@@ -169,15 +218,14 @@ def test_onnx_qdq_attention_matches_onnxruntime(probs_dtype):
     wl = workloads.qdq_attention(2, 77, heads=4, probs_dtype=probs_dtype)
     compiled = tvm_hybrid.compile(wl.model)
     names = compiled.kernel_names()
-    vnni = "avx512vnni" in tvm_hybrid.host.host_features()
-    assert any(n.startswith(FUSED_ATTENTION) for n in names) == vnni, names
-    if vnni:
-        assert not any("softmax" in n or "matmul" in n for n in names), names
-        info = compiled.kernels[FUSED_ATTENTION]
-        assert info.schedule == "template" and "avx512_vnni" in info.detail
-        # The profile attributes the QDQ subgraph's nodes to the kernel.
-        assert {"Softmax", "MatMul", "QuantizeLinear", "DequantizeLinear"} <= {
-            n.split()[0] for n in info.nodes}
+    assert any(n.startswith(FUSED_ATTENTION) for n in names), names
+    assert not any("softmax" in n or "matmul" in n for n in names), names
+    info = compiled.kernels[FUSED_ATTENTION]
+    isa = "avx512_vnni" if "avx512vnni" in tvm_hybrid.host.host_features() else "avx2_s16"
+    assert info.schedule == "template" and isa in info.detail, info.detail
+    # The profile attributes the QDQ subgraph's nodes to the kernel.
+    assert {"Softmax", "MatMul", "QuantizeLinear", "DequantizeLinear"} <= {
+        n.split()[0] for n in info.nodes}
     got = np.asarray(compiled(**wl.inputs))
     session = ort.InferenceSession(wl.model.SerializeToString(),
                                    providers=["CPUExecutionProvider"])
@@ -186,12 +234,10 @@ def test_onnx_qdq_attention_matches_onnxruntime(probs_dtype):
     # reference (inputs quantized as ONNX does), most rows are bit-exact.
     reference, step = workloads.qdq_attention_reference(wl)
     assert np.abs(got - want).max() <= 3 * step
-    if vnni:
-        assert np.mean(np.all(got == reference, axis=-1)) >= 0.9
+    assert np.mean(np.all(got == reference, axis=-1)) >= 0.9
     assert np.abs(got - reference).max() <= 3 * step
 
 
-@pytest.mark.requires("avx512vnni")
 def test_no_score_matrix_in_the_int8_attention():
     wl = workloads.qdq_attention(1, 384, heads=2)
     compiled = tvm_hybrid.compile(wl.model)

@@ -83,11 +83,12 @@ for wl in (attention, workloads.bert_layer(1, 128)):
 # int8 (QDQ) attention
 # --------------------
 # A model quantized by ONNX Runtime's QDQ quantizer wraps the attention's inputs and its
-# softmax output in ``QuantizeLinear``/``DequantizeLinear``. On a CPU with VNNI the whole
-# subgraph becomes the int8 kernel (``schedules/attention/quantized_kernel.py``): both products
-# on ``vpdpbusd`` with exact integer zero-point compensation, the softmax in fp32, P quantized
-# after the whole row; a small preparation kernel sums K's rows and packs V once per head.
-# Without VNNI (AVX2-only CPUs) it stays in the per-op kernels.
+# softmax output in ``QuantizeLinear``/``DequantizeLinear``. The whole subgraph becomes the
+# int8 kernel (``schedules/attention/quantized_kernel.py``): both products on VNNI's
+# ``vpdpbusd`` with exact integer zero-point compensation (on AVX2-only CPUs on ``vpmaddwd``
+# over s16 pairs less their zero points), the softmax in fp32, P quantized after the whole
+# row; a small preparation kernel sums K's rows and packs V (or packs K and V in s16 pairs)
+# once per head.
 qdq = workloads.qdq_attention(1, 384)
 q_fused = tvm_hybrid.compile(qdq.model)
 with tvm.transform.PassContext(opt_level=3, disabled_pass=["FuseAttention"]):

@@ -23,12 +23,12 @@ and ``V`` each ``dequantize`` of a per-tensor ``u8`` tensor (read through permut
 through ``quantize``/``dequantize`` pairs of the same parameters on either side of one), and
 ``P`` the ``dequantize(quantize(softmax(..)))`` of ``u8`` or ``s8``; it becomes the
 preparation kernel and the int8 kernel of ``schedules/attention/quantized_kernel.py`` on
-``u8`` operands, where the target has VNNI. ONNX's ``Attention`` op arrives in the fp32 form
-(``frontend/attention.py``).
+``u8`` operands (VNNI's ``vpdpbusd``, or AVX2's ``vpmaddwd`` on s16 words without it).
+ONNX's ``Attention`` op arrives in the fp32 form (``frontend/attention.py``).
 
 Declined, left to the per-op kernels: other dtypes, dynamic shapes, a head dimension that is
 not a whole number of vectors, intermediate values used elsewhere, a boolean mask applied
-after the additive one; for int8 also targets without VNNI, boolean masks and a ``K^T`` given
+after the additive one; for int8 also targets without AVX2, boolean masks and a ``K^T`` given
 as such (``bhds``)."""
 
 from __future__ import annotations
@@ -133,12 +133,16 @@ class _Fuser(TargetMutator):
             gvar = self.builder_.add_func(attention_kernel(shape, knobs), FUSED_ATTENTION)
             return relax.call_tir(gvar, operands, out)
         q, k, v, *masks = operands
-        prep = self.builder_.add_func(attention_prep_kernel(shape), ATTENTION_PREP)
+        group = knobs.qk.k_step
+        shapes = prep_shapes(shape, group)
+        prep = self.builder_.add_func(attention_prep_kernel(shape, group), ATTENTION_PREP)
         prepared = self.builder_.emit(relax.call_tir(
-            prep, [k, v], [relax.TensorType(s, "int32") for s in prep_shapes(shape)]))
-        sums_and_words = [self.builder_.emit(relax.TupleGetItem(prepared, i)) for i in range(3)]
+            prep, [k, v], [relax.TensorType(s, "int32") for s in shapes]))
+        parts = [self.builder_.emit(relax.TupleGetItem(prepared, i)) for i in range(len(shapes))]
         gvar = self.builder_.add_func(quantized_attention_kernel(shape, knobs), FUSED_ATTENTION)
-        return relax.call_tir(gvar, [q, k, *sums_and_words, *masks], out)
+        # VNNI reads K in place (its sums are compensations); s16 reads K's words instead.
+        keys = [k] if group == 4 else []
+        return relax.call_tir(gvar, [q, *keys, *parts, *masks], out)
 
     # -- matching ------------------------------------------------------------------------
 

@@ -21,6 +21,29 @@ from ..registry import register_family
 from ..tiles import grouped_tile_functions
 
 
+def s16_update(kernel: Microkernel, a_words: bool = False, b_words: bool = False):
+    """The vector update of :func:`~..tiles.grouped_updates` on ``vpmaddwd``: the two s16 of
+    ``A[i, 2g:2g + 2]`` broadcast to every 32-bit lane, times the pairs of
+    ``B[g, v * lanes:, 0:2]``, each lane's two products added into the s32 accumulator.
+
+    With ``a_words`` (``b_words``) that operand holds its pairs as ``int32`` words instead:
+    ``A[g, i]`` (``B[g, v * lanes:]``), as the quantized attention kernel packs them.
+    """
+    lanes = kernel.lanes
+    pairs = f"int16x{2 * lanes}"
+
+    def update(acc, A, B, i, g, v):
+        a_word = A[g, i] if a_words else T.reinterpret(A.vload([i, g * 2], "int16x2"),
+                                                       dtype="int32")
+        b_pairs = T.reinterpret(B.vload([g, v * lanes], f"int32x{lanes}"), dtype=pairs) \
+            if b_words else B.vload([g, v * lanes, 0], pairs)
+        a_pairs = T.reinterpret(T.broadcast(a_word, lanes), dtype=pairs)
+        return acc + T.call_llvm_pure_intrin(f"int32x{lanes}", "llvm.x86.avx2.pmadd.wd",
+                                             a_pairs, b_pairs)
+
+    return update
+
+
 def s16_tile_functions(kernel: Microkernel, kc: int):
     """``C[mr, nr] (s32) += A[mr, kc] (s16) * B[kc / 2, nr, 2] (s16)`` with ``vpmaddwd``.
 
@@ -29,16 +52,10 @@ def s16_tile_functions(kernel: Microkernel, kc: int):
     two products into one s32 lane, exactly.
     """
     nr = kernel.nr
-    if kc % 2 or nr % 8:
-        raise ValueError(f"the s16 tile needs an even K and nr % 8 == 0; got {kc}, {nr}")
-
-    def update(acc, A, B, i, g, v):
-        a = T.reinterpret(T.broadcast(T.reinterpret(A.vload([i, g * 2], "int16x2"),
-                                                    dtype="int32"), 8), dtype="int16x16")
-        return acc + T.call_llvm_pure_intrin("int32x8", "llvm.x86.avx2.pmadd.wd", a,
-                                             B.vload([g, v * 8, 0], "int16x16"))
-
-    return grouped_tile_functions(kernel, kc, "int16", update)
+    if kc % 2 or nr % kernel.lanes:
+        raise ValueError(f"the s16 tile needs an even K and nr % {kernel.lanes} == 0; "
+                         f"got {kc}, {nr}")
+    return grouped_tile_functions(kernel, kc, "int16", s16_update(kernel))
 
 
 AVX2_S16 = register_family(Family(

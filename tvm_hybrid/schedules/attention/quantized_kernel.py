@@ -1,4 +1,4 @@
-"""The int8 (QDQ) attention kernel: both products on the VNNI microkernels, exact in integers.
+"""The int8 (QDQ) attention kernel: both products on the integer microkernels, exact.
 
 An ONNX QDQ attention computes ``softmax(scale * dq(Q) . dq(K)^T + mask)`` in fp32, quantizes
 the probabilities ``P`` and then ``dq(P) . dq(V)``. Quantizing ``P`` needs each row's final
@@ -26,6 +26,18 @@ not once per query block. Both products run the VNNI family's update
 (:func:`~tvm_hybrid.microkernels.tiles.grouped_updates`), ``mr`` keys (channels) by the query
 block.
 
+Without VNNI (AVX2: Haswell to Zen 3) both products run the s16 family's ``vpmaddwd``
+(:func:`~tvm_hybrid.microkernels.families.s16.s16_update`, two channels or keys per int32
+word) on operands whose zero points are subtracted while packing, so no compensation is
+needed (``|(a - za)(b - zb)| <= 255 * 255``, a pair of them fits s32)::
+
+    QP[g, i] = Q[q0 + i, 2g:2g + 2] - zq          # two s16 per word, per task
+    KW[g, j] = K[j, 2g:2g + 2] - zk               # preparation, once per (batch, head)
+    S[j, i]  = KW[:, j] . QP[:, i]                                            # exact int32
+    PP[g, i] = p[2g:2g + 2, i] - zp               # s16 words; keys past the end are 0
+    VW[g, c] = V[2g:2g + 2, c] - zv               # preparation
+    O[c, i]  = VW[:, c] . PP[:, i]                                            # exact int32
+
 The integer parts are exact; the softmax is fp32 (``fast_exp``, a reciprocal of the sum), so a
 probability whose scaled value falls within float rounding of a quantization boundary may
 round to the neighbouring step (the tests measure how often).
@@ -39,6 +51,7 @@ import math
 from tvm import tirx
 from tvm.script import tirx as T
 
+from ...microkernels.families.s16 import s16_update
 from ...microkernels.families.vnni import vnni_update
 from ...microkernels.tiles import grouped_updates
 from .heuristics import AttentionKnobs
@@ -57,35 +70,93 @@ _SIGN_BITS = -0x7F7F7F80  # 0x80808080 as int32
 _ONES = 0x01010101
 
 
-def prep_shapes(shape: AttentionShape) -> tuple[tuple[int, ...], ...]:
-    """The shapes of ``KS``, ``VW`` and ``VS`` (module docstring) of ``shape``."""
+def _word(values: list, group: int):
+    """``values`` (``group`` int32 of 8 or 16 bits each, signed) packed low first into one
+    int32 word."""
+    bits = 32 // group
+    word = T.bitwise_and(values[0], (1 << bits) - 1)
+    for k in range(1, group - 1):
+        word = word | T.shift_left(T.bitwise_and(values[k], (1 << bits) - 1), bits * k)
+    return word | T.shift_left(values[-1], bits * (group - 1)) if group > 1 else word
+
+
+def prep_shapes(shape: AttentionShape, group: int = 4) -> tuple[tuple[int, ...], ...]:
+    """The shapes of the preparation's outputs (module docstring) for a family packing
+    ``group`` values per word: ``KS``, ``VW``, ``VS`` (VNNI, 4) or ``KW``, ``VW`` (s16, 2)."""
     b, h, kv, d = shape.batch, shape.heads, shape.kv_len, shape.head_dim
+    if group == 2:
+        return (b, h, d // 2, kv), (b, h, -(-kv // 2), d)
     return (b, h, kv), (b, h, -(-kv // 4), d), (b, h, d)
 
 
-def attention_prep_kernel(shape: AttentionShape) -> tirx.PrimFunc:
-    """``K, V -> KS, VW, VS`` of a quantized attention (module docstring), parallel over
-    ``(batch, head)``, vectorised over channels."""
+def attention_prep_kernel(shape: AttentionShape, group: int = 4) -> tirx.PrimFunc:
+    """``K, V -> KS, VW, VS`` (``group`` 4, VNNI) or ``K, V -> KW, VW`` (``group`` 2, s16) of
+    a quantized attention (module docstring), parallel over ``(batch, head)``, vectorised over
+    channels."""
     kv, d, heads = shape.kv_len, shape.head_dim, shape.heads
-    ks_shape, vw_shape, vs_shape = prep_shapes(shape)
-    groups, tail = divmod(kv, 4)
+    out_shapes = prep_shapes(shape, group)
+    groups, tail = divmod(kv, group)
     layouts = {"k": shape.k_layout, "v": shape.v_layout}
     numel = {n: math.prod(shape.tensor_shape(layouts[n], kv)) for n in layouts}
     k_shape, v_shape = (shape.tensor_shape(layouts[n], kv) for n in ("k", "v"))
+    # The VNNI form keeps zero points out of the words (compensated by the sums); s16 words
+    # hold the values less their zero points.
+    zk, zv = (0, 0) if group == 4 else (shape.quant.k_zero, shape.quant.v_zero)
 
     def at(name, b, h, row, col):
         return element_offset(layouts[name], shape, kv, b, h, row, col)
 
-    def byte(Vf, b, h, key, c):
-        return T.Cast("int32", Vf[at("v", b, h, key, c)])
+    def key(Kf, b, h, j, c):
+        return T.Cast("int32", Kf[at("k", b, h, j, c)]) - zk
+
+    def value(Vf, b, h, j, c):
+        return T.Cast("int32", Vf[at("v", b, h, j, c)]) - zv
+
+    def value_word(Vf, b, h, g, c, count):
+        """The word of keys ``group * g + k``, ``k < count``, of channel ``c`` of ``V``."""
+        return _word([value(Vf, b, h, group * g + k, c) if k < count else 0
+                      for k in range(group)], group)
+
+    @T.macro
+    def value_words(Vf, VW, b, h):
+        for g in range(groups):
+            for c in T.vectorized(d):
+                VW[b, h, g, c] = value_word(Vf, b, h, g, c, group)
+        if tail > 0:
+            for c in T.vectorized(d):
+                VW[b, h, groups, c] = value_word(Vf, b, h, groups, c, tail)
+
+    attrs = {"tirx.noalias": True, "tirx.is_scheduled": True, "op_pattern": 8, FLOPS_ATTR: 0.0,
+             ATTENTION_ATTR: "int8 attention preparation: K's row sums, V's words and column "
+             "sums, once per (batch, head)" if group == 4 else "int8 attention preparation: "
+             "K's and V's s16 pairs less their zero points, once per (batch, head)"}
+    if group == 2:
+        kw_shape, vw_shape = out_shapes
+
+        @T.prim_func(private=True)
+        def prep_s16(K: T.Buffer(k_shape, "uint8"), V: T.Buffer(v_shape, "uint8"),
+                     KW: T.Buffer(kw_shape, "int32"), VW: T.Buffer(vw_shape, "int32")):
+            T.func_attr(attrs)
+            Kf = T.decl_buffer((numel["k"],), "uint8", data=K.data)
+            Vf = T.decl_buffer((numel["v"],), "uint8", data=V.data)
+            for t in T.parallel(shape.batch * heads):
+                b = T.meta_var(t // heads)
+                h = T.meta_var(t % heads)
+                for j in range(kv):
+                    for g in range(d // 2):
+                        KW[b, h, g, j] = _word([key(Kf, b, h, j, 2 * g),
+                                                key(Kf, b, h, j, 2 * g + 1)], 2)
+                value_words(Vf, VW, b, h)
+
+        return prep_s16
+
+    ks_shape, vw_shape, vs_shape = out_shapes
 
     @T.prim_func(private=True)
     def prep(K: T.Buffer(k_shape, "uint8"), V: T.Buffer(v_shape, "uint8"),
              KS: T.Buffer(ks_shape, "int32"), VW: T.Buffer(vw_shape, "int32"),
              VS: T.Buffer(vs_shape, "int32")):
-        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True, "op_pattern": 8,
-                     ATTENTION_ATTR: "int8 attention preparation: K's row sums, V's words and "
-                     "column sums, once per (batch, head)", FLOPS_ATTR: 0.0})
+        T.func_attr(attrs)
         Kf = T.decl_buffer((numel["k"],), "uint8", data=K.data)
         Vf = T.decl_buffer((numel["v"],), "uint8", data=V.data)
         for t in T.parallel(shape.batch * heads):
@@ -94,24 +165,13 @@ def attention_prep_kernel(shape: AttentionShape) -> tirx.PrimFunc:
             for j in range(kv):
                 KS[b, h, j] = 0
                 for c in range(d):
-                    KS[b, h, j] = KS[b, h, j] + T.Cast("int32", Kf[at("k", b, h, j, c)])
+                    KS[b, h, j] = KS[b, h, j] + key(Kf, b, h, j, c)
             for c in T.vectorized(d):
                 VS[b, h, c] = 0
             for j in range(kv):
                 for c in T.vectorized(d):
-                    VS[b, h, c] = VS[b, h, c] + byte(Vf, b, h, j, c)
-            for g in range(groups):
-                for c in T.vectorized(d):
-                    VW[b, h, g, c] = (byte(Vf, b, h, 4 * g, c)
-                                      | T.shift_left(byte(Vf, b, h, 4 * g + 1, c), 8)
-                                      | T.shift_left(byte(Vf, b, h, 4 * g + 2, c), 16)
-                                      | T.shift_left(byte(Vf, b, h, 4 * g + 3, c), 24))
-            if tail > 0:
-                for c in T.vectorized(d):
-                    VW[b, h, groups, c] = byte(Vf, b, h, 4 * groups, c)
-                    for k in T.unroll(1, tail):
-                        VW[b, h, groups, c] = VW[b, h, groups, c] | T.shift_left(
-                            byte(Vf, b, h, 4 * groups + k, c), 8 * k)
+                    VS[b, h, c] = VS[b, h, c] + value(Vf, b, h, j, c)
+            value_words(Vf, VW, b, h)
 
     return prep
 
@@ -119,89 +179,126 @@ def attention_prep_kernel(shape: AttentionShape) -> tirx.PrimFunc:
 def quantized_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.PrimFunc:
     """The int8 attention PrimFunc of ``shape`` (``shape.quant`` set) with ``knobs``.
 
-    Parameters: ``Q``, ``K`` (``u8``), ``KS``, ``VW``, ``VS`` (:func:`attention_prep_kernel`),
-    the additive mask when ``shape`` has one, then the fp32 output.
+    Parameters: ``Q`` (``u8``), then on VNNI tiles ``K`` (``u8``), ``KS``, ``VW``, ``VS``, on
+    s16 tiles ``KW``, ``VW`` (:func:`attention_prep_kernel`), the additive mask when ``shape``
+    has one, then the fp32 output.
     """
     quant = shape.quant
     if quant is None or shape.cond_shape is not None or shape.k_layout == "bhds":
         raise ValueError(f"no int8 attention kernel for {shape.describe()}")
     qk, pv = knobs.qk, knobs.pv
+    group = qk.k_step
+    vnni = group == 4
+    update = vnni_update if vnni else s16_update
     lanes = qk.lanes
     q_len, kv, d, heads = shape.q_len, shape.kv_len, shape.head_dim, shape.heads
     bq = knobs.q_block
     q_blocks = -(-q_len // bq)
     tasks = shape.batch * heads * q_blocks
-    kv4 = -(-kv // 4)
-    groups, tail = divmod(kv, 4)
-    d4, vectors = d // 4, bq // lanes
-    zq, zk, zv = quant.q_zero - 128, quant.k_zero, quant.v_zero
-    zp = quant.p_zero
+    words = -(-kv // group)
+    groups, tail = divmod(kv, group)
+    dg, vectors = d // group, bq // lanes
+    # VNNI: Q shifted to s8, P less 128, zero points compensated by sums; s16: the words hold
+    # each value less its zero point.
+    zq = quant.q_zero - 128 if vnni else quant.q_zero
+    zk, zv, zp = quant.k_zero, quant.v_zero, quant.p_zero
+    p_offset = 128 if vnni else zp
     score_scale = T.float32(quant.q_scale * quant.k_scale * (shape.scale or 1.0))
     out_scale = T.float32(quant.p_scale * quant.v_scale)
     k_row, _ = row_strides(shape.k_layout, shape, kv)
     layouts = {"q": shape.q_layout, "k": shape.k_layout, "o": shape.out_layout}
     numel = {n: math.prod(shape.tensor_shape(layouts[n], q_len if n != "k" else kv))
              for n in layouts}
-    ks_shape, vw_shape, vs_shape = prep_shapes(shape)
-    pv_tile = grouped_updates(pv, 4 * kv4, vnni_update(pv, a_words=True, b_words=True))
+    prepared = prep_shapes(shape, group)
+    # The keys' operand: K itself (u8, read in place) or its s16 words KW[b, h, d / 2, kv].
+    keys_dtype, keys_numel = ("uint8", numel["k"]) if vnni else ("int32",
+                                                                 math.prod(prepared[0]))
+    pv_tile = grouped_updates(pv, group * words, update(pv, a_words=True, b_words=True))
     dot_intrinsic = f"llvm.x86.avx512.vpdpbusd.{qk.vector_bits}"
 
     def at(name, b, h, row, col):
         rows = kv if name == "k" else q_len
         return element_offset(layouts[name], shape, rows, b, h, row, col)
 
+    def query_word(Qf, b, h, i, g):
+        """Query ``i``'s channels ``group * g ..`` as one word (module docstring)."""
+        if vnni:
+            return T.bitwise_xor(T.reinterpret("int32", Qf.vload([at("q", b, h, i, 4 * g)],
+                                                                 "uint8x4")),
+                                 T.int32(_SIGN_BITS))
+        return _word([T.Cast("int32", Qf[at("q", b, h, i, 2 * g + k)]) - zq for k in (0, 1)], 2)
+
+    def keys_at(b, h, j):
+        """Shape, offset and strides of the keys' operand from key ``j`` (``rows`` keys)."""
+        if vnni:
+            return lambda rows: (rows, d), at("k", b, h, j, 0), [k_row, 1]
+        return lambda rows: (dg, rows), (b * heads + h) * dg * kv + j, [kv, 1]
+
+    def score(acc, KS, QS, b, h, j, i, key):
+        return acc[j, i] - zq * KS[b, h, key] - QS[i] if vnni else acc[j, i]
+
+    def output(acc, VS, PS, b, h, c, i, channel):
+        if not vnni:
+            return acc[c, i]
+        return acc[c, i] - (zp - 128) * VS[b, h, channel] - zv * PS[i] + kv * zv * (zp - 128)
+
     def quantized(e, inv):
-        """``p - 128`` of a probability ``e * inv`` quantized with ``zp``."""
+        """``p - p_offset`` of a probability ``e * inv`` quantized with ``zp``."""
         p = T.Cast("int32", T.nearbyint(e * inv)) + zp
-        return T.max(T.min(p, 255), 0) - 128
+        return T.max(T.min(p, 255), 0) - p_offset
+
+    def probs_word(PQ, i):
+        return _word([PQ[k, i] for k in range(group)], group)
+
+    def probs_sum(PQ, i):
+        return sum((PQ[k, i] for k in range(1, group)), PQ[0, i])
 
     @T.macro
     def qk_tiles(Kf, KS, M, QP, QS, ST, mx, b, h, q0, row0, rows, count):
         """``count`` tiles of ``rows`` keys from key ``row0``: scores, mask, row max."""
         tile = T.meta_var(grouped_updates(dataclasses.replace(qk, mr=rows), d,
-                                          vnni_update(qk, b_words=True)))
+                                          update(qk, a_words=not vnni, b_words=True)))
         for jt in range(count):
             acc = T.alloc_buffer((rows, bq), "int32")
             for j in T.unroll(rows):
                 for v in T.unroll(vectors):
                     acc[j, T.ramp(v * lanes, 1, lanes)] = T.broadcast(T.int32(0), lanes)
-            keys = T.decl_buffer((rows, d), "uint8", data=Kf.data,
-                                 elem_offset=at("k", b, h, row0 + jt * rows, 0),
-                                 strides=[k_row, 1])
+            where = T.meta_var(keys_at(b, h, row0 + jt * rows))
+            keys = T.decl_buffer(where[0](rows), keys_dtype, data=Kf.data,
+                                 elem_offset=where[1], strides=where[2])
             tile(keys, QP, acc)
             for j in T.unroll(rows):
                 for i in T.vectorized(bq):
                     ST[row0 + jt * rows + j, i] = apply_masks(
-                        shape, T.Cast("float32", acc[j, i] - zq * KS[b, h, row0 + jt * rows + j]
-                                      - QS[i]) * score_scale,
+                        shape, T.Cast("float32", score(acc, KS, QS, b, h, j, i,
+                                                       row0 + jt * rows + j)) * score_scale,
                         M, None, b, h, T.min(q0 + i, q_len - 1), row0 + jt * rows + j)
                     mx[i] = T.max(mx[i], ST[row0 + jt * rows + j, i])
 
     @T.macro
     def pack_probs(ST, PQ, PP, PS, ls, g, count):
-        """Probabilities of keys ``4g .. 4g + count`` quantized into the word ``PP[g]``."""
-        for k in T.unroll(4):
+        """Probabilities of keys ``group * g .. + count`` quantized into the word ``PP[g]``."""
+        for k in T.unroll(group):
             for i in T.vectorized(bq):
                 PQ[k, i] = T.if_then_else(
-                    k < count, quantized(ST[T.min(4 * g + k, kv - 1), i], ls[i]), 0)
+                    k < count, quantized(ST[T.min(group * g + k, kv - 1), i], ls[i]), 0)
         for i in T.vectorized(bq):
-            PP[g, i] = (T.bitwise_and(PQ[0, i], 255) | T.shift_left(T.bitwise_and(PQ[1, i], 255), 8)
-                        | T.shift_left(T.bitwise_and(PQ[2, i], 255), 16)
-                        | T.shift_left(PQ[3, i], 24))
-            PS[i] = PS[i] + PQ[0, i] + PQ[1, i] + PQ[2, i] + PQ[3, i]
+            PP[g, i] = probs_word(PQ, i)
+            if vnni:
+                PS[i] = PS[i] + probs_sum(PQ, i)
 
     @T.macro
     def body(Q, K, KS, VW, VS, M, Out):
         Qf = T.decl_buffer((numel["q"],), "uint8", data=Q.data)
-        Kf = T.decl_buffer((numel["k"],), "uint8", data=K.data)
+        Kf = T.decl_buffer((keys_numel,), keys_dtype, data=K.data)
         Of = T.decl_buffer((numel["o"],), "float32", data=Out.data)
-        VWf = T.decl_buffer((math.prod(vw_shape),), "int32", data=VW.data)
+        VWf = T.decl_buffer((math.prod(prepared[1]),), "int32", data=VW.data)
         for t in T.parallel(tasks):
-            QP = T.alloc_buffer((d4, bq), "int32")
+            QP = T.alloc_buffer((dg, bq), "int32")
             QS = T.alloc_buffer((bq,), "int32")
             ST = T.alloc_buffer((kv, bq), "float32")
-            PQ = T.alloc_buffer((4, bq), "int32")
-            PP = T.alloc_buffer((kv4, bq), "int32")
+            PQ = T.alloc_buffer((group, bq), "int32")
+            PP = T.alloc_buffer((words, bq), "int32")
             PS = T.alloc_buffer((bq,), "int32")
             OT = T.alloc_buffer((d, bq), "float32")
             mx = T.alloc_buffer((bq,), "float32")
@@ -209,28 +306,27 @@ def quantized_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> 
             b = T.meta_var(t // (heads * q_blocks))
             h = T.meta_var(t // q_blocks % heads)
             q0 = T.meta_var(t % q_blocks * bq)
-            # Q's block as s8 words (rows past the end repeat the last query).
-            for g, i in T.grid(d4, bq):
-                QP[g, i] = T.bitwise_xor(T.reinterpret("int32", Qf.vload(
-                    [at("q", b, h, T.min(q0 + i, q_len - 1), 4 * g)], "uint8x4")),
-                    T.int32(_SIGN_BITS))
+            # Q's block as words (rows past the end repeat the last query).
+            for g, i in T.grid(dg, bq):
+                QP[g, i] = query_word(Qf, b, h, T.min(q0 + i, q_len - 1), g)
             for i in T.vectorized(bq):
                 QS[i] = 0
                 mx[i] = T.float32(_LOWEST)
                 ls[i] = T.float32(0)
                 PS[i] = 0
-            for g in range(d4):
-                for v in T.unroll(vectors):
-                    QS[T.ramp(v * lanes, 1, lanes)] = T.call_llvm_pure_intrin(
-                        T.llvm_lookup_intrinsic_id(dot_intrinsic),
-                        QS[T.ramp(v * lanes, 1, lanes)],
-                        T.reinterpret(T.broadcast(T.int32(_ONES), lanes),
-                                      dtype=f"int8x{4 * lanes}"),
-                        T.reinterpret(QP[g, T.ramp(v * lanes, 1, lanes)],
-                                      dtype=f"int8x{4 * lanes}"),
-                        dtype=f"int32x{lanes}")
-            for i in T.vectorized(bq):
-                QS[i] = zk * QS[i] - d * zk * zq
+            if vnni:
+                for g in range(dg):
+                    for v in T.unroll(vectors):
+                        QS[T.ramp(v * lanes, 1, lanes)] = T.call_llvm_pure_intrin(
+                            T.llvm_lookup_intrinsic_id(dot_intrinsic),
+                            QS[T.ramp(v * lanes, 1, lanes)],
+                            T.reinterpret(T.broadcast(T.int32(_ONES), lanes),
+                                          dtype=f"int8x{4 * lanes}"),
+                            T.reinterpret(QP[g, T.ramp(v * lanes, 1, lanes)],
+                                          dtype=f"int8x{4 * lanes}"),
+                            dtype=f"int32x{lanes}")
+                for i in T.vectorized(bq):
+                    QS[i] = zk * QS[i] - d * zk * zq
             # Scores of every key (whole tiles, then a remainder tile), then the softmax.
             qk_tiles(Kf, KS, M, QP, QS, ST, mx, b, h, q0, 0, qk.mr, kv // qk.mr)
             if kv % qk.mr > 0:
@@ -242,7 +338,7 @@ def quantized_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> 
             for i in T.vectorized(bq):
                 ls[i] = T.float32(1.0 / quant.p_scale) / ls[i]
             for g in range(groups):
-                pack_probs(ST, PQ, PP, PS, ls, g, 4)
+                pack_probs(ST, PQ, PP, PS, ls, g, group)
             if tail > 0:
                 pack_probs(ST, PQ, PP, PS, ls, groups, tail)
             # P.V, channels by queries, then the output rows.
@@ -251,15 +347,15 @@ def quantized_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> 
                 for c in T.unroll(pv.mr):
                     for v in T.unroll(vectors):
                         acc[c, T.ramp(v * lanes, 1, lanes)] = T.broadcast(T.int32(0), lanes)
-                values = T.decl_buffer((kv4, pv.mr), "int32", data=VWf.data,
-                                       elem_offset=(b * heads + h) * kv4 * d + ct * pv.mr,
+                values = T.decl_buffer((words, pv.mr), "int32", data=VWf.data,
+                                       elem_offset=(b * heads + h) * words * d + ct * pv.mr,
                                        strides=[d, 1])
                 pv_tile(values, PP, acc)
                 for c in T.unroll(pv.mr):
                     for i in T.vectorized(bq):
                         OT[ct * pv.mr + c, i] = T.Cast(
-                            "float32", acc[c, i] - (zp - 128) * VS[b, h, ct * pv.mr + c]
-                            - zv * PS[i] + kv * zv * (zp - 128)) * out_scale
+                            "float32", output(acc, VS, PS, b, h, c, i, ct * pv.mr + c)
+                        ) * out_scale
             for i in range(bq):
                 if q0 + i < q_len:
                     for c in T.vectorized(d):
@@ -271,6 +367,25 @@ def quantized_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> 
                                  for n in ("q", "k", "o"))
     m_shape = shape.mask_shape
 
+    if not vnni:
+        kw_shape, vw_shape = prepared
+        if m_shape is None:
+            @T.prim_func(private=True)
+            def plain_s16(Q: T.Buffer(q_shape, "uint8"), KW: T.Buffer(kw_shape, "int32"),
+                          VW: T.Buffer(vw_shape, "int32"), Out: T.Buffer(o_shape, "float32")):
+                T.func_attr(attrs)
+                body(Q, KW, None, VW, None, None, Out)
+            return plain_s16
+
+        @T.prim_func(private=True)
+        def additive_s16(Q: T.Buffer(q_shape, "uint8"), KW: T.Buffer(kw_shape, "int32"),
+                         VW: T.Buffer(vw_shape, "int32"), M: T.Buffer(m_shape, "float32"),
+                         Out: T.Buffer(o_shape, "float32")):
+            T.func_attr(attrs)
+            body(Q, KW, None, VW, None, M, Out)
+        return additive_s16
+
+    ks_shape, vw_shape, vs_shape = prepared
     if m_shape is None:
         @T.prim_func(private=True)
         def plain(Q: T.Buffer(q_shape, "uint8"), K: T.Buffer(k_shape, "uint8"),
