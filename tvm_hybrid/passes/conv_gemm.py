@@ -95,7 +95,10 @@ class ConvToGemm:
         # layout on its own, below.) A 1-D convolution is first a 2-D one of height 1, and
         # ``clip`` (no layout rule in TVM: a transpose each side) is maximum and minimum.
         mod = rewrite_functions(mod, Conv1dAs2d(mod))
-        mod = rewrite_functions(mod, LayoutFriendly(mod))
+        # (Canonicalized: a dropout's output, now an alias of its input, would be a binding
+        # TVM's layout pass has no rule for: a layout change each side.)
+        mod = relax.transform.CanonicalizeBindings()(
+            rewrite_functions(mod, LayoutFriendly(mod), eliminate_dead_code=True))
         try:
             mod = relax.transform.ConvertLayout(_LAYOUTS)(mod)
         except Exception as err:  # noqa: BLE001 - TVM raises its C++ check failures

@@ -58,7 +58,17 @@ class LayoutFriendly(relax.PyExprMutator):
     axes than the other (``x + c[1]``, ``x * c[C, 1, 1]`` as exporters write them) as a scalar
     or at the other's rank (TVM's layout rule keeps such a pair in the old layout), and a
     per-tensor ``dequantize(quantize(x))`` (fake quantization between the convolutions of a
-    QDQ model) as ``clip(round(x / s), -zp, qmax - zp) * s``, the same values bit for bit."""
+    QDQ model) as ``clip(round(x / s), -zp, qmax - zp) * s``, the same values bit for bit;
+    the output of an inference ``dropout`` (a tuple, which TVM's layout rules fail on for the
+    whole model: SqueezeNet, Inception) as its input. (The dropout's mask, when read, keeps
+    the dropout.)"""
+
+    def visit_tuple_getitem_(self, item: relax.TupleGetItem) -> relax.Expr:
+        item = super().visit_tuple_getitem_(item)
+        dropout = bound_value(self, item.tuple_value)
+        if is_op(dropout, "relax.nn.dropout") and item.index == 0:
+            return dropout.args[0]
+        return item
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = self.visit_expr_post_order(call)
