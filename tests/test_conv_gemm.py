@@ -99,9 +99,10 @@ def test_conv_with_many_small_groups_keeps_tvms_lowering_and_matches():
     assert not [n for n in compiled.kernel_names() if _on_the_engine(n)]
 
 
-def test_grouped_and_depthwise_convs_in_nchw_run_on_the_engine():
-    """Where ``ConvertLayout`` fails (TVM's layout rule for ``stack`` does: a 5-D tensor in the
-    chain), each convolution changes layout on its own, grouped and depthwise ones too."""
+def test_grouped_and_depthwise_convs_in_nchw_run_on_the_engine(monkeypatch):
+    """Where ``ConvertLayout`` fails (TVM's layout rule for ``stack`` did, before
+    ``LayoutFriendly`` wrote it as a concatenation; here the pass is made to fail), each
+    convolution changes layout on its own, grouped and depthwise ones too."""
     from tvm import relax
 
     rng = np.random.default_rng(3)
@@ -119,6 +120,13 @@ def test_grouped_and_depthwise_convs_in_nchw_run_on_the_engine():
     mod = bb.get()
     with pytest.raises(Exception):  # noqa: B017 - TVM raises its C++ check failure
         relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]})(mod)
+
+    def failing(_layouts):
+        def fail(_mod):
+            raise RuntimeError("Check failed: a layout rule this model has no answer to")
+        return fail
+
+    monkeypatch.setattr(relax.transform, "ConvertLayout", failing)
     compiled = tvm_hybrid.compile(mod)
     names = compiled.kernel_names()
     assert not [n for n in names if "conv2d" in n]
@@ -272,3 +280,39 @@ def test_dropout_between_convs_keeps_one_layout_change_at_each_end():
     compiled = _compiles_and_matches(model, x)
     assert len(_engine_calls(compiled)) == 2
     assert len([n for n in compiled.kernel_names() if "transpose" in n]) <= 2
+
+
+def test_stack_after_convs_is_a_concatenation_layouts_carry():
+    """``stack`` (an LSTM's outputs after a CNN: captcha OCR) has a layout rule that fails for
+    the whole model; ``LayoutFriendly`` writes it as ``concat`` of ``expand_dims``, which
+    ``ConvertLayout`` carries, with the same values."""
+    from tvm import relax
+
+    from tvm_hybrid.passes.conv_layout import LayoutFriendly
+    from tvm_hybrid.passes.relax_rewrite import rewrite_functions
+
+    rng = np.random.default_rng(5)
+    w = (rng.standard_normal((16, 16, 3, 3)) * 0.2).astype("float32")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 16, 6, 7), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, relax.const(w), padding=[1, 1]))
+            z = bb.emit(relax.op.nn.conv2d(y, relax.const(w), padding=[1, 1]))
+            out = bb.emit_output(relax.op.stack([y, z, y], axis=2))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    layouts = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]})
+    with pytest.raises(Exception):  # noqa: B017 - TVM raises its C++ check failure
+        layouts(mod)
+    friendly = rewrite_functions(mod, LayoutFriendly(mod))
+    script = friendly["main"].script()
+    assert "R.stack" not in script and "R.concat" in script
+    converted = layouts(friendly)["main"].script()
+    # The input's change and the output's (the concatenation is carried in NHWC too).
+    assert len(re.findall(r"R\.permute_dims\((?!metadata)", converted)) == 2
+    xv = rng.standard_normal((1, 16, 6, 7)).astype("float32")
+    yv = _numpy_conv(xv, w, 1, 1)
+    expected = np.stack([yv, _numpy_conv(yv, w, 1, 1), yv], axis=2)
+    np.testing.assert_allclose(np.asarray(tvm_hybrid.compile(mod)(xv)), expected, rtol=1e-4,
+                               atol=1e-4 * np.abs(expected).max())

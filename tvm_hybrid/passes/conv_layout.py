@@ -60,8 +60,9 @@ class LayoutFriendly(relax.PyExprMutator):
     per-tensor ``dequantize(quantize(x))`` (fake quantization between the convolutions of a
     QDQ model) as ``clip(round(x / s), -zp, qmax - zp) * s``, the same values bit for bit;
     the output of an inference ``dropout`` (a tuple, which TVM's layout rules fail on for the
-    whole model: SqueezeNet, Inception) as its input. (The dropout's mask, when read, keeps
-    the dropout.)"""
+    whole model: SqueezeNet, Inception) as its input (the dropout's mask, when read, keeps
+    the dropout), and ``stack(xs, axis)`` (whose layout rule fails too: the LSTM after a CNN)
+    as ``concat(expand_dims(x, axis) for x in xs, axis)``."""
 
     def visit_tuple_getitem_(self, item: relax.TupleGetItem) -> relax.Expr:
         item = super().visit_tuple_getitem_(item)
@@ -78,7 +79,18 @@ class LayoutFriendly(relax.PyExprMutator):
             return self._fake_quantization(call)
         if is_op(call, "relax.clip"):
             return self._clip(call)
+        if is_op(call, "relax.stack"):
+            return self._stack(call)
         return call
+
+    def _stack(self, call: relax.Call) -> relax.Expr:
+        items = bound_value(self, call.args[0])
+        if not isinstance(items, relax.Tuple) or not isinstance(call.ty, relax.TensorType) \
+                or call.ty.ndim < 1:
+            return call
+        axis = int(call.attrs.axis) % call.ty.ndim
+        parts = [self.builder_.emit(relax.op.expand_dims(x, axis)) for x in items.fields]
+        return relax.op.concat(parts, axis)
 
     def _clip(self, call: relax.Call) -> relax.Expr:
         if not is_static_tensor(call.ty, ("float32",), min_ndim=1):
