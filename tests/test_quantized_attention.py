@@ -132,6 +132,48 @@ def test_quantized_attention_kernel_is_exact_in_integers(case, target, isa):
     _assert_close_to_integer(got, want, qt, v8)
 
 
+@pytest.mark.parametrize("target,isa", FAMILIES)
+@pytest.mark.parametrize("keep_if", [True, False])
+def test_quantized_attention_kernel_applies_a_boolean_mask(target, isa, keep_if):
+    """GPT's causal mask (``where(cond, scores, -inf)``, or the inverted ``where(cond, -inf,
+    scores)``) before a padding mask, on a query block and a key tile with tails."""
+    batch, heads, q_len, kv_len, d = 2, 2, 37, 45, 64
+    rng = np.random.default_rng(5)
+    qt = Quantization(0.06, 130, 0.05, 121, 0.031, 127, 1 / 256, 0)
+    causal = np.tril(np.ones((q_len, kv_len), bool), kv_len - q_len)[None, None]
+    cond = causal if keep_if else ~causal
+    mask = np.zeros((batch, 1, 1, kv_len), "float32")
+    mask[1, ..., :3] = -10000.0  # padding at the start of the second sequence
+    shape = AttentionShape(batch, heads, q_len, kv_len, d, mask_shape=mask.shape,
+                           scale=0.125, cond_shape=cond.shape, fill=-math.inf,
+                           keep_if=keep_if, quant=qt)
+    target = target or host_target()
+    knobs = choose_knobs(target, shape)
+    assert knobs is not None and knobs.qk.isa.endswith(isa), shape.describe()
+    group = knobs.qk.k_step
+    kernel = quantized_attention_kernel(shape, knobs)
+    # Q, the keys (K or its words), the prepared operands, both masks, the output.
+    assert len(kernel.params) == (8 if group == 4 else 6)
+    mod = tvm.IRModule({
+        "prep": attention_prep_kernel(shape, group).with_attr("global_symbol", "prep"),
+        "attention": kernel.with_attr("global_symbol", "attention")})
+    ex = tvm.compile(mod, target=target)
+    q8, k8, v8 = (rng.integers(0, 256, (batch, heads, n, d)).astype(np.uint8)
+                  for n in (q_len, kv_len, kv_len))
+    k_in = tvm.runtime.tensor(k8)
+    prepared = [tvm.runtime.empty(s, "int32") for s in prep_shapes(shape, group)]
+    ex["prep"](k_in, tvm.runtime.tensor(v8), *prepared)
+    out = tvm.runtime.tensor(np.full((batch, heads, q_len, d), np.nan, "float32"))
+    ex["attention"](tvm.runtime.tensor(q8), *([k_in] if group == 4 else []), *prepared,
+                    tvm.runtime.tensor(mask), tvm.runtime.tensor(cond), out)
+    want = workloads.quantized_attention_reference(q8, k8, v8, mask, 0.125, qt, cond,
+                                                   keep_if=keep_if)
+    _assert_close_to_integer(out.numpy(), want, qt, v8)
+    # The mask matters: without it the result is far off.
+    unmasked = workloads.quantized_attention_reference(q8, k8, v8, mask, 0.125, qt)
+    assert np.abs(unmasked - want).max() > 10 * qt.p_scale * qt.v_scale * 255
+
+
 def test_int8_knobs_take_vnni_else_avx2_s16():
     shape = AttentionShape(1, 12, 384, 384, 64, quant=Quantization(0.1, 1, 0.1, 2, 0.1, 3,
                                                                    1 / 256, 0))
@@ -209,13 +251,19 @@ def test_pass_fuses_ort_qdq_attention_where_an_exact_dot_product_exists():
     assert "R.nn.softmax" not in fused["main"].script()
     unfused = passes.FuseAttention(NEHALEM)(mod)
     tvm.ir.assert_structural_equal(unfused, mod)
+    # GPT's causal Where joins the kernel as a bool operand after the padding mask.
+    causal = from_onnx(workloads.qdq_attention(2, 40, heads=2, causal=True).model)
+    fused = passes.FuseAttention(HASWELL)(causal)
+    assert _kernel_operands(fused) == ["uint8", "int32", "int32", "float32", "bool"]
+    assert "R.where" not in fused["main"].script()
 
 
-@pytest.mark.parametrize("probs_dtype", ["uint8", "int8"])
-def test_onnx_qdq_attention_matches_onnxruntime(probs_dtype):
+@pytest.mark.parametrize("probs_dtype,causal", [("uint8", False), ("int8", False),
+                                               ("uint8", True)])
+def test_onnx_qdq_attention_matches_onnxruntime(probs_dtype, causal):
     import onnxruntime as ort
 
-    wl = workloads.qdq_attention(2, 77, heads=4, probs_dtype=probs_dtype)
+    wl = workloads.qdq_attention(2, 77, heads=4, probs_dtype=probs_dtype, causal=causal)
     compiled = tvm_hybrid.compile(wl.model)
     names = compiled.kernel_names()
     assert any(n.startswith(FUSED_ATTENTION) for n in names), names
@@ -224,8 +272,8 @@ def test_onnx_qdq_attention_matches_onnxruntime(probs_dtype):
     isa = "avx512_vnni" if "avx512vnni" in tvm_hybrid.host.host_features() else "avx2_s16"
     assert info.schedule == "template" and isa in info.detail, info.detail
     # The profile attributes the QDQ subgraph's nodes to the kernel.
-    assert {"Softmax", "MatMul", "QuantizeLinear", "DequantizeLinear"} <= {
-        n.split()[0] for n in info.nodes}
+    assert {"Softmax", "MatMul", "QuantizeLinear", "DequantizeLinear",
+            *(["Where"] if causal else [])} <= {n.split()[0] for n in info.nodes}
     got = np.asarray(compiled(**wl.inputs))
     session = ort.InferenceSession(wl.model.SerializeToString(),
                                    providers=["CPUExecutionProvider"])

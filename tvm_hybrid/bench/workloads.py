@@ -264,14 +264,15 @@ def attention(batch: int, seq: int, *, heads: int = 12, head_dim: int = 64,
 
 
 def qdq_attention(batch: int, seq: int, *, heads: int = 12, head_dim: int = 64,
-                  seed: int = 0, probs_dtype: str = "uint8") -> Workload:
+                  seed: int = 0, probs_dtype: str = "uint8", causal: bool = False) -> Workload:
     """:func:`attention` quantized as ONNX Runtime's QDQ quantizer writes it.
 
     ``Q``, ``K`` and ``V`` are quantized to u8 (per tensor, asymmetric, calibrated on the
     workload's inputs) and dequantized before the matmuls, ``K``'s transpose sits between two
     QDQ pairs of the same parameters, and the softmax output is quantized with a scale of
     1/256 (zero point 0 for ``probs_dtype`` u8, -128 for s8) before ``P . V``. The output is
-    fp32.
+    fp32. ``causal`` adds GPT's boolean mask before the padding mask: ``Where(causal, scores,
+    -inf)`` with a constant lower-triangular ``causal`` (``[1, 1, seq, seq]``).
     """
     fp32 = attention(batch, seq, heads=heads, head_dim=head_dim, seed=seed)
     g = _Graph(seed)
@@ -287,6 +288,9 @@ def qdq_attention(batch: int, seq: int, *, heads: int = 12, head_dim: int = 64,
     v, _, _ = qdq("v", fp32.inputs["v"])
     scores = g.op("Div", g.op("MatMul", q, kt),
                   g.const(np.array(math.sqrt(head_dim), "float32")))
+    if causal:
+        scores = g.op("Where", g.const(np.tril(np.ones((seq, seq), bool))[None, None], "causal"),
+                      scores, g.const(np.array(-np.inf, "float32")))
     probs = g.op("Softmax", g.op("Add", scores, "mask"), axis=-1)
     p_zero = np.uint8(0) if probs_dtype == "uint8" else np.int8(-128)
     ps, pz = g.const(np.array(1 / 256, np.float32), "s"), g.const(np.array(p_zero), "z")
@@ -294,18 +298,22 @@ def qdq_attention(batch: int, seq: int, *, heads: int = 12, head_dim: int = 64,
     out = g.op("MatMul", probs, v)
     proto = g.model("qdq_mha", list(fp32.model.graph.input),
                     [_value(out, (batch, heads, seq, head_dim))])
-    suffix = "" if probs_dtype == "uint8" else "_s8"
+    suffix = ("" if probs_dtype == "uint8" else "_s8") + ("_causal" if causal else "")
     return Workload(f"qdq_{fp32.name}{suffix}", proto, dict(fp32.inputs), fp32.flops)
 
 
-def quantized_attention_reference(q8, k8, v8, mask, scale: float, quant) -> np.ndarray:
+def quantized_attention_reference(q8, k8, v8, mask, scale: float, quant, cond=None,
+                                  fill: float = -np.inf, keep_if: bool = True) -> np.ndarray:
     """The int8 attention kernel's arithmetic in numpy (``schedules/attention``): exact
     integer products, the softmax in float64, ``P`` quantized (round half to even), the output
     ``float32(acc) * float32(sp * sv)``; ``q8``, ``k8``, ``v8`` are ``u8 [b, h, s, d]`` and
-    ``quant`` a ``Quantization``."""
+    ``quant`` a ``Quantization``. A boolean mask ``cond`` (broadcasting to the scores) replaces
+    the scaled scores where it is not ``keep_if`` by ``fill`` before the additive ``mask``."""
     acc = np.einsum("bhid,bhjd->bhij", q8.astype(np.int64) - quant.q_zero,
                     k8.astype(np.int64) - quant.k_zero)
     s = acc * (quant.q_scale * quant.k_scale * scale)
+    if cond is not None:
+        s = np.where(np.asarray(cond) == keep_if, s, fill)
     if mask is not None:
         s = s + mask
     p = np.exp(s - s.max(-1, keepdims=True))
@@ -331,7 +339,9 @@ def qdq_attention_reference(wl: Workload) -> tuple[np.ndarray, float]:
                   for n, (s, z) in zip("qkv", ((sq, zq), (sk, zk), (sv, zv))))
     quant = Quantization(sq, zq, sk, zk, sv, zv, sp, zp)
     scale = 1 / math.sqrt(q8.shape[-1])
-    return (quantized_attention_reference(q8, k8, v8, wl.inputs["mask"], scale, quant),
+    where = [n for n in wl.model.graph.node if n.op_type == "Where"]
+    cond = inits[where[0].input[0]] if where else None
+    return (quantized_attention_reference(q8, k8, v8, wl.inputs["mask"], scale, quant, cond),
             sp * sv * 255)
 
 

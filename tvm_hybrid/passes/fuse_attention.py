@@ -28,8 +28,8 @@ ONNX's ``Attention`` op arrives in the fp32 form (``frontend/attention.py``).
 
 Declined, left to the per-op kernels: other dtypes, dynamic shapes, a head dimension that is
 not a whole number of vectors, intermediate values used elsewhere, a boolean mask applied
-after the additive one; for int8 also targets without AVX2, boolean masks and a ``K^T`` given
-as such (``bhds``)."""
+after the additive one; for int8 also targets without AVX2 and a ``K^T`` given as such
+(``bhds``). (Masks of either kind are fused in int8 as in fp32.)"""
 
 from __future__ import annotations
 
@@ -187,9 +187,8 @@ class _Fuser(TargetMutator):
         batch, heads = (lead[0], lead[1]) if rank == 4 else (lead[0], 1)
         quantized = p_quant is not None
         reads = [self._operand(x, rank, x is kt, quantized) for x in (q, kt, v)]
-        if quantized and (cond is not None or any(r is None for r in reads)
-                          or reads[1][1] == "bhds"):
-            return None  # int8: u8 Q, K, V read in bhsd/bshd, an additive mask at most
+        if quantized and (any(r is None for r in reads) or reads[1][1] == "bhds"):
+            return None  # int8: u8 Q, K, V read in bhsd/bshd
         (q_src, q_layout, q_quant, q_vars), (k_src, k_layout, k_quant, k_vars), \
             (v_src, v_layout, v_quant, v_vars) = reads
         quant = Quantization(*q_quant, *k_quant, *v_quant, *p_quant) if quantized else None

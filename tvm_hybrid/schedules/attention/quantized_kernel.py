@@ -180,11 +180,11 @@ def quantized_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> 
     """The int8 attention PrimFunc of ``shape`` (``shape.quant`` set) with ``knobs``.
 
     Parameters: ``Q`` (``u8``), then on VNNI tiles ``K`` (``u8``), ``KS``, ``VW``, ``VS``, on
-    s16 tiles ``KW``, ``VW`` (:func:`attention_prep_kernel`), the additive mask when ``shape``
-    has one, then the fp32 output.
+    s16 tiles ``KW``, ``VW`` (:func:`attention_prep_kernel`), the additive mask and the
+    boolean mask when ``shape`` has them (as the fp32 kernel), then the fp32 output.
     """
     quant = shape.quant
-    if quant is None or shape.cond_shape is not None or shape.k_layout == "bhds":
+    if quant is None or shape.k_layout == "bhds":
         raise ValueError(f"no int8 attention kernel for {shape.describe()}")
     qk, pv = knobs.qk, knobs.pv
     group = qk.k_step
@@ -254,8 +254,8 @@ def quantized_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> 
         return sum((PQ[k, i] for k in range(1, group)), PQ[0, i])
 
     @T.macro
-    def qk_tiles(Kf, KS, M, QP, QS, ST, mx, b, h, q0, row0, rows, count):
-        """``count`` tiles of ``rows`` keys from key ``row0``: scores, mask, row max."""
+    def qk_tiles(Kf, KS, M, C, QP, QS, ST, mx, b, h, q0, row0, rows, count):
+        """``count`` tiles of ``rows`` keys from key ``row0``: scores, masks, row max."""
         tile = T.meta_var(grouped_updates(dataclasses.replace(qk, mr=rows), d,
                                           update(qk, a_words=not vnni, b_words=True)))
         for jt in range(count):
@@ -272,7 +272,7 @@ def quantized_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> 
                     ST[row0 + jt * rows + j, i] = apply_masks(
                         shape, T.Cast("float32", score(acc, KS, QS, b, h, j, i,
                                                        row0 + jt * rows + j)) * score_scale,
-                        M, None, b, h, T.min(q0 + i, q_len - 1), row0 + jt * rows + j)
+                        M, C, b, h, T.min(q0 + i, q_len - 1), row0 + jt * rows + j)
                     mx[i] = T.max(mx[i], ST[row0 + jt * rows + j, i])
 
     @T.macro
@@ -288,7 +288,7 @@ def quantized_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> 
                 PS[i] = PS[i] + probs_sum(PQ, i)
 
     @T.macro
-    def body(Q, K, KS, VW, VS, M, Out):
+    def body(Q, K, KS, VW, VS, M, C, Out):
         Qf = T.decl_buffer((numel["q"],), "uint8", data=Q.data)
         Kf = T.decl_buffer((keys_numel,), keys_dtype, data=K.data)
         Of = T.decl_buffer((numel["o"],), "float32", data=Out.data)
@@ -328,9 +328,9 @@ def quantized_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> 
                 for i in T.vectorized(bq):
                     QS[i] = zk * QS[i] - d * zk * zq
             # Scores of every key (whole tiles, then a remainder tile), then the softmax.
-            qk_tiles(Kf, KS, M, QP, QS, ST, mx, b, h, q0, 0, qk.mr, kv // qk.mr)
+            qk_tiles(Kf, KS, M, C, QP, QS, ST, mx, b, h, q0, 0, qk.mr, kv // qk.mr)
             if kv % qk.mr > 0:
-                qk_tiles(Kf, KS, M, QP, QS, ST, mx, b, h, q0, kv - kv % qk.mr, kv % qk.mr, 1)
+                qk_tiles(Kf, KS, M, C, QP, QS, ST, mx, b, h, q0, kv - kv % qk.mr, kv % qk.mr, 1)
             for j in range(kv):
                 for i in T.vectorized(bq):
                     ST[j, i] = fast_exp(ST[j, i] - mx[i])
@@ -365,41 +365,22 @@ def quantized_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> 
              ATTENTION_ATTR: knobs.describe(), FLOPS_ATTR: shape.flops, SHAPE_ATTR: shape.key}
     q_shape, k_shape, o_shape = (shape.tensor_shape(layouts[n], kv if n == "k" else q_len)
                                  for n in ("q", "k", "o"))
-    m_shape = shape.mask_shape
-
-    if not vnni:
-        kw_shape, vw_shape = prepared
-        if m_shape is None:
-            @T.prim_func(private=True)
-            def plain_s16(Q: T.Buffer(q_shape, "uint8"), KW: T.Buffer(kw_shape, "int32"),
-                          VW: T.Buffer(vw_shape, "int32"), Out: T.Buffer(o_shape, "float32")):
-                T.func_attr(attrs)
-                body(Q, KW, None, VW, None, None, Out)
-            return plain_s16
-
-        @T.prim_func(private=True)
-        def additive_s16(Q: T.Buffer(q_shape, "uint8"), KW: T.Buffer(kw_shape, "int32"),
-                         VW: T.Buffer(vw_shape, "int32"), M: T.Buffer(m_shape, "float32"),
-                         Out: T.Buffer(o_shape, "float32")):
-            T.func_attr(attrs)
-            body(Q, KW, None, VW, None, M, Out)
-        return additive_s16
-
-    ks_shape, vw_shape, vs_shape = prepared
-    if m_shape is None:
-        @T.prim_func(private=True)
-        def plain(Q: T.Buffer(q_shape, "uint8"), K: T.Buffer(k_shape, "uint8"),
-                  KS: T.Buffer(ks_shape, "int32"), VW: T.Buffer(vw_shape, "int32"),
-                  VS: T.Buffer(vs_shape, "int32"), Out: T.Buffer(o_shape, "float32")):
-            T.func_attr(attrs)
-            body(Q, K, KS, VW, VS, None, Out)
-        return plain
+    # One signature for every form: the keys are K (VNNI) or its words (s16); operands a form
+    # lacks (VNNI's sums on s16, absent masks) are declared with one element, never read, and
+    # dropped from the parameters below.
+    keys_shape = k_shape if vnni else prepared[0]
+    ks_shape, vw_shape, vs_shape = prepared if vnni else ((1,), prepared[1], (1,))
+    m_shape, c_shape = shape.mask_shape or (1,), shape.cond_shape or (1,)
 
     @T.prim_func(private=True)
-    def additive(Q: T.Buffer(q_shape, "uint8"), K: T.Buffer(k_shape, "uint8"),
-                 KS: T.Buffer(ks_shape, "int32"), VW: T.Buffer(vw_shape, "int32"),
-                 VS: T.Buffer(vs_shape, "int32"), M: T.Buffer(m_shape, "float32"),
-                 Out: T.Buffer(o_shape, "float32")):
+    def kernel(Q: T.Buffer(q_shape, "uint8"), K: T.Buffer(keys_shape, keys_dtype),
+               KS: T.Buffer(ks_shape, "int32"), VW: T.Buffer(vw_shape, "int32"),
+               VS: T.Buffer(vs_shape, "int32"), M: T.Buffer(m_shape, "float32"),
+               C: T.Buffer(c_shape, "bool"), Out: T.Buffer(o_shape, "float32")):
         T.func_attr(attrs)
-        body(Q, K, KS, VW, VS, M, Out)
-    return additive
+        body(Q, K, KS, VW, VS, M, C, Out)
+
+    kept = [True, True, vnni, True, vnni, shape.mask_shape is not None,
+            shape.cond_shape is not None, True]
+    return tirx.PrimFunc([p for p, keep in zip(kernel.params, kept) if keep], kernel.body,
+                         kernel.ret_type, kernel.attrs)
