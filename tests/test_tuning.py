@@ -387,3 +387,42 @@ def test_attention_knobs_are_tuned_and_applied(tmp_path, target, caplog):
     with caplog.at_level("WARNING"):
         model = tvm_hybrid.compile(wl.model, target, tuning_records=path)
     assert "do not apply" in caplog.text
+
+
+def test_int8_attention_knobs_are_tuned_and_applied(tmp_path, target):
+    """A QDQ attention's knobs (query block, ``qk`` and ``pv`` tiles of the host's int8
+    family) are searched like the fp32 ones; compiling with the records uses the kept knobs,
+    which still give the integer reference's result."""
+    from tvm_hybrid.schedules.attention import AttentionShape, knobs_from_dict, variants
+
+    wl = workloads.qdq_attention(1, 40, heads=2, causal=True)
+    path = tune(wl.model, target, trials=8, work_dir=tmp_path, progress=False)
+    records = load_records(path)
+    (record,) = records.attention.values()
+    shape = AttentionShape.from_key(record.key)
+    assert shape.quant is not None and shape.cond_shape is not None
+    candidates = variants(target, shape)
+    # Query blocks of one, two and four vectors, each with several tiles.
+    assert len({k.q_block for k in candidates}) == 3 and len(candidates) >= 6
+    assert record.heuristic == candidates[0].key and record.heuristic in record.measured
+    assert 4 <= len(record.measured) <= len(candidates)
+    kept = knobs_from_dict(target, record.kept, shape)
+    assert kept is not None and kept.key in record.measured
+    # The fp32 family's reading of int8 knobs does not apply (another family).
+    assert knobs_from_dict(target, record.kept) is None
+    model = tvm_hybrid.compile(wl.model, target, tuning_records=path)
+    (info,) = [k for k in model.kernels.values() if "fused attention" in k.detail]
+    assert info.detail == kept.describe()
+    reference, step = workloads.qdq_attention_reference(wl)
+    got = np.asarray(model(**wl.inputs))
+    assert np.abs(got - reference).max() <= 3 * step
+    # Other candidates, kept by the records, compute the same attention (the tails of each
+    # query block and tile).
+    data = json.loads(path.read_text())
+    for knobs in [k for k in candidates if k.key != kept.key][:3]:
+        data["attention"][0]["kept"] = knobs.as_dict()
+        path.write_text(json.dumps(data))
+        model = tvm_hybrid.compile(wl.model, target, tuning_records=path)
+        (info,) = [k for k in model.kernels.values() if "fused attention" in k.detail]
+        assert info.detail == knobs.describe()
+        assert np.abs(np.asarray(model(**wl.inputs)) - reference).max() <= 3 * step

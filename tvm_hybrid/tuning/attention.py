@@ -20,6 +20,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 
 from ..schedules.attention import SHAPE_ATTR, AttentionShape, attention_kernel, variants
+from ..schedules.attention.quantized_kernel import quantized_attention_kernel
 from .measure import Measurer
 from .search import median
 
@@ -55,21 +56,23 @@ class AttentionRecord:
 
 
 def attention_workloads(mod: tvm.IRModule) -> list[AttentionShape]:
-    """The distinct fp32 attention workloads of a prepared module (its fused attention
-    kernels; int8 attention keeps its heuristic knobs, not searched yet)."""
+    """The distinct attention workloads (fp32 and int8) of a prepared module (its fused
+    attention kernels)."""
     found = []
     for func in mod.functions.values():
         attrs = getattr(func, "attrs", None) or {}
         if isinstance(func, tvm.tirx.PrimFunc) and SHAPE_ATTR in attrs:
             shape = AttentionShape.from_key(str(attrs[SHAPE_ATTR]))
-            if shape.quant is None and shape not in found:
+            if shape not in found:
                 found.append(shape)
     return found
 
 
 def _module(shape: AttentionShape, knobs) -> tvm.IRModule:
-    return tvm.IRModule({"main": attention_kernel(shape, knobs).with_attr("global_symbol",
-                                                                          "main")})
+    """The kernel of ``shape`` with ``knobs`` (an int8 attention's main kernel: its
+    preparation does not depend on the knobs)."""
+    kernel = quantized_attention_kernel if shape.quant is not None else attention_kernel
+    return tvm.IRModule({"main": kernel(shape, knobs).with_attr("global_symbol", "main")})
 
 
 def tune_attention(shape: AttentionShape, target: Target, measurer: Measurer, budget: int,

@@ -34,7 +34,8 @@ block as above (s16: two vectors, 16 queries: on a Zen 3, BERT heads of 384 keys
 ``qk`` the tallest tile of at most :data:`INT8_ROWS` rows (keys) that
 fits the registers, ``pv`` the tallest such tile whose rows (head channels) divide the head
 dimension; both span the query block, and every key is one block (the kernel quantizes the
-probabilities after the whole softmax). Not tuned yet: the heuristic's knobs only.
+probabilities after the whole softmax). The tuner measures query blocks of one, two and four
+vectors with the two tallest ``qk`` and ``pv`` tiles of each (:func:`variants`).
 """
 
 from __future__ import annotations
@@ -167,13 +168,30 @@ def fits(shape: AttentionShape, knobs: AttentionKnobs) -> bool:
             and 0 < knobs.k_block <= shape.kv_len)
 
 
+def _int8_variants(target: Target, shape: AttentionShape) -> list[AttentionKnobs]:
+    """Query blocks of one, two and four vectors, each with the two tallest ``qk`` tiles and
+    the two tallest ``pv`` tiles (rows dividing the head dimension) that fit the registers."""
+    family = int8_family(target)
+    out = []
+    for vectors in (1, 2, 4):
+        tiles = [dataclasses.replace(family.first, mr=mr, nr=vectors * family.first.lanes)
+                 for mr in range(2 * INT8_ROWS, 0, -1)]
+        tiles = [t for t in tiles if t.fits_registers()]
+        pvs = [t for t in tiles if shape.head_dim % t.mr == 0][:2]
+        out += [AttentionKnobs(qk, pv, shape.kv_len) for qk in tiles[:2] for pv in pvs]
+    return out
+
+
 def variants(target: Target, shape: AttentionShape) -> list[AttentionKnobs]:
     """The knob sets a tuner measures for ``shape``: the heuristic's first, then query blocks
     of two and four vectors, the two tallest ``qk`` tiles, the three best-ranked ``pv`` tiles
-    and key blocks of about 64, 128 and 256 keys."""
+    and key blocks of about 64, 128 and 256 keys (int8: :func:`_int8_variants`)."""
     heuristic = choose_knobs(target, shape)
-    if heuristic is None or shape.quant is not None:
-        return [heuristic] if heuristic is not None else []
+    if heuristic is None:
+        return []
+    if shape.quant is not None:
+        unique = list(dict.fromkeys([heuristic, *_int8_variants(target, shape)]))
+        return [k for k in unique if fits(shape, k)]
     family = best_vector_family(target, "float32")
     lanes, tiles = family.first.lanes, register_tiles(family)
     out = [heuristic]
@@ -189,10 +207,13 @@ def variants(target: Target, shape: AttentionShape) -> list[AttentionKnobs]:
     return [k for k in unique if fits(shape, k)]
 
 
-def knobs_from_dict(target: Target, data: dict) -> AttentionKnobs | None:
-    """The knobs :meth:`AttentionKnobs.as_dict` wrote, for ``target`` (None when its vector
-    family is not the one they were made for, or ``data`` is not such a dict)."""
-    family = best_vector_family(target, "float32")
+def knobs_from_dict(target: Target, data: dict,
+                    shape: AttentionShape | None = None) -> AttentionKnobs | None:
+    """The knobs :meth:`AttentionKnobs.as_dict` wrote, for ``target`` and (when given) an int8
+    ``shape``'s family (None when the family is not the one they were made for, or ``data``
+    is not such a dict)."""
+    quantized = shape is not None and shape.quant is not None
+    family = int8_family(target) if quantized else best_vector_family(target, "float32")
     if family is None or not isinstance(data, dict) or family.first.isa != data.get("isa"):
         return None
     try:
@@ -225,7 +246,7 @@ def knobs_for(target: Target, shape: AttentionShape) -> AttentionKnobs | None:
     heuristic's."""
     data = (_TUNED.get() or {}).get(shape.key)
     if data is not None:
-        knobs = knobs_from_dict(target, data)
+        knobs = knobs_from_dict(target, data, shape)
         if knobs is not None and fits(shape, knobs):
             return knobs
         logger.warning("tuned attention knobs %s do not apply to %s on this target; "
