@@ -63,7 +63,7 @@ def graph_passes(target: Target, precision: str = "fp32",
     return [
         # Attention subgraphs to one kernel each, before their matmuls could join GEMM
         # fusion groups.
-        FuseAttention(target, recorder),
+        FuseAttention(target, recorder, precision),
         # Integer convolutions whose sums fp32 holds exactly join the fp32 convolutions
         # before those become GEMMs.
         IntegerConvToFloat(),

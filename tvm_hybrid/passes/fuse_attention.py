@@ -24,6 +24,9 @@ through ``quantize``/``dequantize`` pairs of the same parameters on either side 
 ``P`` the ``dequantize(quantize(softmax(..)))`` of ``u8`` or ``s8``; it becomes the
 preparation kernel and the int8 kernel of ``schedules/attention/quantized_kernel.py`` on
 ``u8`` operands (VNNI's ``vpdpbusd``, or AVX2's ``vpmaddwd`` on s16 words without it).
+With ``precision="bf16"`` an fp32 attention becomes the bf16 preparation and kernel of
+``schedules/attention/bf16_kernel.py`` where the CPU has a bf16 dot product (AVX512-BF16),
+and stays fp32 elsewhere.
 ONNX's ``Attention`` op arrives in the fp32 form (``frontend/attention.py``).
 
 Declined, left to the per-op kernels: other dtypes, dynamic shapes, a head dimension that is
@@ -41,6 +44,11 @@ from tvm import relax
 from tvm.ir.prim.expr import IntImm
 
 from ..schedules.attention import AttentionShape, attention_kernel, knobs_for
+from ..schedules.attention.bf16_kernel import (
+    bf16_attention_kernel,
+    bf16_prep_kernel,
+    bf16_prep_shapes,
+)
 from ..schedules.attention.quantized_kernel import (
     attention_prep_kernel,
     prep_shapes,
@@ -91,6 +99,8 @@ class _Fuser(TargetMutator):
         self.fused: dict = {}
         #: fused call's var -> the original vars it replaced (the profile's ONNX nodes)
         self.absorbed: dict = {}
+        #: fp32 attentions compute in bf16 (``precision="bf16"``) where the CPU has bf16 dots
+        self.bf16 = False
 
     def visit_function_(self, func: relax.Function) -> relax.Expr:
         self.single_use = single_use_vars(func)
@@ -111,6 +121,10 @@ class _Fuser(TargetMutator):
             self.fused[binding.var] = (*fused, binding.var)
             fused = None
         fused = fused or self._head_merge(value)
+        if fused is not None and self.bf16 and fused[0].quant is None:
+            in_bf16 = dataclasses.replace(fused[0], bf16=True)
+            if knobs_for(self.target, in_bf16) is not None:  # else fp32 (no bf16 dot product)
+                fused = (in_bf16, *fused[1:])
         knobs = knobs_for(self.target, fused[0]) if fused is not None else None
         if knobs is None:
             self.builder_.emit_normalized(relax.VarBinding(binding.var, value))
@@ -129,6 +143,14 @@ class _Fuser(TargetMutator):
         """The ``call_tir`` of the fused kernel on ``operands`` (``Q, K, V, masks``); an int8
         attention's ``K`` and ``V`` first go through its preparation kernel."""
         out = relax.TensorType(shape.tensor_shape(shape.out_layout, shape.q_len), "float32")
+        if shape.bf16:
+            q, k, v, *masks = operands
+            prep = self.builder_.add_func(bf16_prep_kernel(shape), ATTENTION_PREP)
+            prepared = self.builder_.emit(relax.call_tir(
+                prep, [k, v], [relax.TensorType(s, "int32") for s in bf16_prep_shapes(shape)]))
+            words = [self.builder_.emit(relax.TupleGetItem(prepared, i)) for i in range(2)]
+            gvar = self.builder_.add_func(bf16_attention_kernel(shape, knobs), FUSED_ATTENTION)
+            return relax.call_tir(gvar, [q, *words, *masks], out)
         if shape.quant is None:
             gvar = self.builder_.add_func(attention_kernel(shape, knobs), FUSED_ATTENTION)
             return relax.call_tir(gvar, operands, out)
@@ -366,12 +388,14 @@ class FuseAttention(TargetPass):
 
     mutator = _Fuser
 
-    def __init__(self, target: tvm.target.Target, recorder=None):
+    def __init__(self, target: tvm.target.Target, recorder=None, precision: str = "fp32"):
         super().__init__(target)
         self.recorder = recorder
+        self.precision = precision
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         fuser = self.mutator(mod, self.target)
+        fuser.bf16 = self.precision == "bf16"
         out = rewrite_functions(mod, fuser, eliminate_dead_code=True)
         if self.recorder is not None:
             for var, originals in fuser.absorbed.items():

@@ -20,6 +20,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 
 from ..schedules.attention import SHAPE_ATTR, AttentionShape, attention_kernel, variants
+from ..schedules.attention.bf16_kernel import bf16_attention_kernel
 from ..schedules.attention.quantized_kernel import quantized_attention_kernel
 from .measure import Measurer
 from .search import median
@@ -56,7 +57,7 @@ class AttentionRecord:
 
 
 def attention_workloads(mod: tvm.IRModule) -> list[AttentionShape]:
-    """The distinct attention workloads (fp32 and int8) of a prepared module (its fused
+    """The distinct attention workloads (fp32, int8 and bf16) of a prepared module (its fused
     attention kernels)."""
     found = []
     for func in mod.functions.values():
@@ -69,9 +70,10 @@ def attention_workloads(mod: tvm.IRModule) -> list[AttentionShape]:
 
 
 def _module(shape: AttentionShape, knobs) -> tvm.IRModule:
-    """The kernel of ``shape`` with ``knobs`` (an int8 attention's main kernel: its
+    """The kernel of ``shape`` with ``knobs`` (an int8 or bf16 attention's main kernel: its
     preparation does not depend on the knobs)."""
-    kernel = quantized_attention_kernel if shape.quant is not None else attention_kernel
+    kernel = quantized_attention_kernel if shape.quant is not None else \
+        bf16_attention_kernel if shape.bf16 else attention_kernel
     return tvm.IRModule({"main": kernel(shape, knobs).with_attr("global_symbol", "main")})
 
 

@@ -31,20 +31,35 @@ declare <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float>, <32 x bfloa
 
 
 
-def bf16_tile_functions(kernel: Microkernel, kc: int):
-    """``C[mr, nr] (f32) += A[mr, kc] (bf16) * B[kc / 2, nr, 2] (bf16)`` with ``vdpbf16ps``."""
+def pair_operands(kernel: Microkernel, A, B, i, g, v, a_words: bool, b_words: bool):
+    """The broadcast pair of ``A[i, 2g:2g + 2]`` and ``B[g, v * lanes:, 0:2]``'s pairs, as
+    int32 vectors (``a_words``/``b_words``: that operand holds its pairs as int32 words,
+    ``A[g, i]`` and ``B[g, v * lanes:]``, as the bf16 attention kernel packs them)."""
     lanes = kernel.lanes
-    if kc % 2:
-        raise ValueError(f"the bf16 microkernel needs an even K, got K = {kc}")
+    a_word = A[g, i] if a_words else T.reinterpret(A.vload([i, g * 2], "bfloat16x2"),
+                                                   dtype="int32")
+    b_pairs = B.vload([g, v * lanes], f"int32x{lanes}") if b_words else T.reinterpret(
+        B.vload([g, v * lanes, 0], f"bfloat16x{2 * lanes}"), dtype=f"int32x{lanes}")
+    return T.broadcast(a_word, lanes), b_pairs
+
+
+def dpbf16_update(kernel: Microkernel, a_words: bool = False, b_words: bool = False):
+    """The vector update of :func:`~..tiles.grouped_updates` on ``vdpbf16ps`` (the loop
+    running it needs :data:`DPBF16PS_IR` imported, ``{"pragma_import_llvm": DPBF16PS_IR}``)."""
+    lanes = kernel.lanes
 
     def update(acc, A, B, i, g, v):
-        return T.call_extern(
-            f"float32x{lanes}", "hybrid_dpbf16ps_512", acc,
-            T.broadcast(T.reinterpret(A.vload([i, g * 2], "bfloat16x2"), dtype="int32"), lanes),
-            T.reinterpret(B.vload([g, v * lanes, 0], f"bfloat16x{2 * lanes}"),
-                          dtype=f"int32x{lanes}"))
+        a, b = pair_operands(kernel, A, B, i, g, v, a_words, b_words)
+        return T.call_extern(f"float32x{lanes}", "hybrid_dpbf16ps_512", acc, a, b)
 
-    return grouped_tile_functions(kernel, kc, "bfloat16", update,
+    return update
+
+
+def bf16_tile_functions(kernel: Microkernel, kc: int):
+    """``C[mr, nr] (f32) += A[mr, kc] (bf16) * B[kc / 2, nr, 2] (bf16)`` with ``vdpbf16ps``."""
+    if kc % 2:
+        raise ValueError(f"the bf16 microkernel needs an even K, got K = {kc}")
+    return grouped_tile_functions(kernel, kc, "bfloat16", dpbf16_update(kernel),
                                   {"pragma_import_llvm": DPBF16PS_IR})
 
 

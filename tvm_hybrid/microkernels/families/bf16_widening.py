@@ -14,17 +14,15 @@ from tvm.script import tirx as T
 from ..kernel import Family, Microkernel, vector_tiles
 from ..registry import register_family
 from ..tiles import grouped_tile_functions
+from .bf16_dot import pair_operands
 
 
-def bf16_widening_tile_functions(kernel: Microkernel, kc: int):
-    """``C[mr, nr] (f32) += A[mr, kc] (bf16) * B[kc / 2, nr, 2] (bf16)`` with fp32 FMAs.
-
-    Each 32-bit lane of ``B`` (and the broadcast pair of ``A``) holds the bf16 of an even and an
-    odd ``k``; shifting left by 16 gives the even one as fp32, masking the low half the odd one.
-    """
+def widening_update(kernel: Microkernel, a_words: bool = False, b_words: bool = False):
+    """The vector update of :func:`~..tiles.grouped_updates` on fp32 FMAs: per 32-bit lane of
+    a pair (``B``'s, and ``A``'s broadcast one), shifting left by 16 gives the even ``k`` as
+    fp32, masking the low half the odd one. ``a_words``/``b_words`` as for
+    :func:`~.bf16_dot.dpbf16_update`."""
     lanes = kernel.lanes
-    if kc % 2:
-        raise ValueError(f"the bf16 microkernel needs an even K, got K = {kc}")
     f32 = f"float32x{lanes}"
 
     def even(word):
@@ -34,13 +32,18 @@ def bf16_widening_tile_functions(kernel: Microkernel, kc: int):
         return T.reinterpret(T.bitwise_and(word, T.broadcast(T.int32(-65536), lanes)), dtype=f32)
 
     def update(acc, A, B, i, g, v):
-        a = T.broadcast(T.reinterpret(A.vload([i, g * 2], "bfloat16x2"), dtype="int32"), lanes)
-        b = T.reinterpret(B.vload([g, v * lanes, 0], f"bfloat16x{2 * lanes}"),
-                          dtype=f"int32x{lanes}")
+        a, b = pair_operands(kernel, A, B, i, g, v, a_words, b_words)
         return acc + even(a) * even(b) + odd(a) * odd(b)
 
-    return grouped_tile_functions(kernel, kc, "bfloat16", update)
+    return update
 
+
+def bf16_widening_tile_functions(kernel: Microkernel, kc: int):
+    """``C[mr, nr] (f32) += A[mr, kc] (bf16) * B[kc / 2, nr, 2] (bf16)`` with fp32 FMAs
+    (:func:`widening_update`)."""
+    if kc % 2:
+        raise ValueError(f"the bf16 microkernel needs an even K, got K = {kc}")
+    return grouped_tile_functions(kernel, kc, "bfloat16", widening_update(kernel))
 
 
 #: Logged when the family is chosen: the CPU has no bf16 dot product.

@@ -1,7 +1,8 @@
 """The fused attention template: ``softmax(scale * Q . K^T + mask) . V`` in one kernel.
 
 ``workload.py`` says what one attention computes, ``heuristics.py`` picks the knobs (blocks and
-register tiles from the microkernel registry), ``kernel.py`` generates the kernel; the graph
+register tiles from the microkernel registry), ``kernel.py`` generates the fp32 kernel,
+``quantized_kernel.py`` the int8 (QDQ) one and ``bf16_kernel.py`` the bf16 one; the graph
 pass that finds attentions is ``passes/fuse_attention.py``.
 """
 

@@ -36,6 +36,11 @@ fits the registers, ``pv`` the tallest such tile whose rows (head channels) divi
 dimension; both span the query block, and every key is one block (the kernel quantizes the
 probabilities after the whole softmax). The tuner measures query blocks of one, two and four
 vectors with the two tallest ``qk`` and ``pv`` tiles of each (:func:`variants`).
+
+A bf16 attention (``shape.bf16``, ``precision="bf16"``) runs on the target's bf16 dot-product
+family (AVX512-BF16; :func:`bf16_family`, none without it: the attention then stays fp32) with
+the same structure (:func:`grouped_knobs`): two vectors of queries, tiles of at most
+:data:`BF16_ROWS` rows, every key one block; tuned like the int8 knobs.
 """
 
 from __future__ import annotations
@@ -61,6 +66,8 @@ TILE_BYTES = 1024
 KEY_BLOCK = 128
 #: The most rows of an int8 attention tile (4 x 64 on AVX-512: 16 accumulators).
 INT8_ROWS = 4
+#: The most rows of a bf16 attention tile (8 x 32 fp32 accumulators: 1 KiB, 16 zmm).
+BF16_ROWS = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +125,36 @@ def int8_family(target: Target):
     return family if family is not None and family.first.k_step == 2 else None
 
 
+def bf16_family(target: Target):
+    """The family of ``target``'s bf16 attention: one with a bf16 dot product (AVX512-BF16's
+    ``vdpbf16ps``); None without (widening bf16 to fp32 would be slower than fp32 attention,
+    which has no weights whose bandwidth bf16 halves)."""
+    family = best_vector_family(target, "bfloat16")
+    if family is None or "avx512bf16" not in family.first.features or family.first.per_block:
+        return None
+    return family
+
+
+def grouped_knobs(family, shape: AttentionShape) -> AttentionKnobs | None:
+    """The heuristic knobs of a bf16 ``shape`` on ``family``'s tiles (a bf16 family, also the
+    widening one the tests run anywhere): two vectors of queries, the tallest tiles of at most
+    :data:`BF16_ROWS` rows whose accumulators fit the registers and :data:`TILE_BYTES`
+    (``pv``'s rows dividing the head dimension), every key in one block."""
+    if shape.head_dim % family.first.k_step:
+        return None
+    tiles = [t for t in _tiles(family, 2, BF16_ROWS) if t.mr * t.nr * 4 <= TILE_BYTES]
+    pv = [t for t in tiles if shape.head_dim % t.mr == 0]
+    return AttentionKnobs(tiles[0], pv[0], shape.kv_len) if tiles and pv else None
+
+
+def _tiles(family, vectors: int, rows: int) -> list:
+    """``family``'s tiles ``vectors`` wide and at most ``rows`` tall that fit its registers,
+    tallest first."""
+    tiles = [dataclasses.replace(family.first, mr=mr, nr=vectors * family.first.lanes)
+             for mr in range(rows, 0, -1)]
+    return [t for t in tiles if t.fits_registers()]
+
+
 def _int8_knobs(target: Target, shape: AttentionShape) -> AttentionKnobs | None:
     family = int8_family(target)
     if family is None or shape.head_dim % family.first.k_step:
@@ -137,6 +174,9 @@ def choose_knobs(target: Target, shape: AttentionShape) -> AttentionKnobs | None
     """The heuristic knobs of ``shape`` on ``target`` (module docstring), or None."""
     if shape.quant is not None:
         return _int8_knobs(target, shape)
+    if shape.bf16:
+        family = bf16_family(target)
+        return grouped_knobs(family, shape) if family is not None else None
     family = best_vector_family(target, "float32")
     if family is None or family.first.in_dtype != "float32" or family.first.k_step != 1:
         return None
@@ -157,6 +197,13 @@ def choose_knobs(target: Target, shape: AttentionShape) -> AttentionKnobs | None
 def fits(shape: AttentionShape, knobs: AttentionKnobs) -> bool:
     """Whether ``knobs`` can compute ``shape`` (the kernel covers every query and channel)."""
     qk, pv = knobs.qk, knobs.pv
+    if shape.bf16:
+        return (qk.k_step == pv.k_step == 2 and qk.in_dtype == pv.in_dtype == "bfloat16"
+                and qk.nr == pv.nr and qk.nr % qk.lanes == 0 and qk.fits_registers()
+                and pv.fits_registers() and shape.head_dim % 2 == 0
+                and shape.head_dim % pv.mr == 0 and knobs.k_block == shape.kv_len)
+    if (qk.in_dtype == "bfloat16") != shape.bf16:
+        return False
     if shape.quant is not None:
         return (qk.k_step == pv.k_step in (2, 4) and qk.nr == pv.nr and qk.nr % qk.lanes == 0
                 and qk.fits_registers() and pv.fits_registers()
@@ -168,15 +215,12 @@ def fits(shape: AttentionShape, knobs: AttentionKnobs) -> bool:
             and 0 < knobs.k_block <= shape.kv_len)
 
 
-def _int8_variants(target: Target, shape: AttentionShape) -> list[AttentionKnobs]:
+def _grouped_variants(family, shape: AttentionShape) -> list[AttentionKnobs]:
     """Query blocks of one, two and four vectors, each with the two tallest ``qk`` tiles and
     the two tallest ``pv`` tiles (rows dividing the head dimension) that fit the registers."""
-    family = int8_family(target)
     out = []
     for vectors in (1, 2, 4):
-        tiles = [dataclasses.replace(family.first, mr=mr, nr=vectors * family.first.lanes)
-                 for mr in range(2 * INT8_ROWS, 0, -1)]
-        tiles = [t for t in tiles if t.fits_registers()]
+        tiles = _tiles(family, vectors, 2 * INT8_ROWS)
         pvs = [t for t in tiles if shape.head_dim % t.mr == 0][:2]
         out += [AttentionKnobs(qk, pv, shape.kv_len) for qk in tiles[:2] for pv in pvs]
     return out
@@ -189,8 +233,9 @@ def variants(target: Target, shape: AttentionShape) -> list[AttentionKnobs]:
     heuristic = choose_knobs(target, shape)
     if heuristic is None:
         return []
-    if shape.quant is not None:
-        unique = list(dict.fromkeys([heuristic, *_int8_variants(target, shape)]))
+    if shape.quant is not None or shape.bf16:
+        family = int8_family(target) if shape.quant is not None else bf16_family(target)
+        unique = list(dict.fromkeys([heuristic, *_grouped_variants(family, shape)]))
         return [k for k in unique if fits(shape, k)]
     family = best_vector_family(target, "float32")
     lanes, tiles = family.first.lanes, register_tiles(family)
@@ -210,10 +255,14 @@ def variants(target: Target, shape: AttentionShape) -> list[AttentionKnobs]:
 def knobs_from_dict(target: Target, data: dict,
                     shape: AttentionShape | None = None) -> AttentionKnobs | None:
     """The knobs :meth:`AttentionKnobs.as_dict` wrote, for ``target`` and (when given) an int8
-    ``shape``'s family (None when the family is not the one they were made for, or ``data``
+    or bf16 ``shape``'s family (None when the family is not the one they were made for, or ``data``
     is not such a dict)."""
-    quantized = shape is not None and shape.quant is not None
-    family = int8_family(target) if quantized else best_vector_family(target, "float32")
+    if shape is not None and shape.quant is not None:
+        family = int8_family(target)
+    elif shape is not None and shape.bf16:
+        family = bf16_family(target)
+    else:
+        family = best_vector_family(target, "float32")
     if family is None or not isinstance(data, dict) or family.first.isa != data.get("isa"):
         return None
     try:

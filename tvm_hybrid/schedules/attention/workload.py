@@ -70,6 +70,9 @@ class AttentionShape:
     quant
         For an int8 (QDQ) attention, the quantization of its operands and probabilities
         (``Q``, ``K``, ``V`` are then ``u8``); None for fp32.
+    bf16
+        Whether both products compute in bf16 (``precision="bf16"``: fp32 operands rounded to
+        bf16, fp32 accumulation and softmax).
     """
 
     batch: int
@@ -88,6 +91,7 @@ class AttentionShape:
     fill: float = 0.0
     keep_if: bool = True
     quant: Quantization | None = None
+    bf16: bool = False
 
     def __post_init__(self):
         for name in ("q_layout", "k_layout", "v_layout", "out_layout"):
@@ -97,8 +101,12 @@ class AttentionShape:
 
     @property
     def key(self) -> str:
-        """A stable string naming the workload (the kernel's attribute, tuning records)."""
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+        """A stable string naming the workload (the kernel's attribute, tuning records);
+        ``bf16`` only when set, so fp32 keys stay those of earlier records."""
+        fields = dataclasses.asdict(self)
+        if not self.bf16:
+            del fields["bf16"]
+        return json.dumps(fields, sort_keys=True)
 
     @classmethod
     def from_key(cls, key: str) -> AttentionShape:
@@ -128,6 +136,8 @@ class AttentionShape:
             mask += f", boolean mask {list(self.cond_shape)}"
         if self.quant is not None:
             mask += ", int8 QDQ"
+        if self.bf16:
+            mask += ", bf16"
         return (f"attention b{self.batch} h{self.heads} q{self.q_len} kv{self.kv_len} "
                 f"d{self.head_dim} (Q {self.q_layout}, K {self.k_layout}, V {self.v_layout}, "
                 f"out {self.out_layout}, {mask})")
