@@ -11,7 +11,7 @@ keeps everything in L1 and both products run on the fp32 microkernels.
 
 This tutorial compiles a BERT-base attention and a BERT encoder layer, shows the fused kernel
 and what it replaced, checks the results against the unfused graph and times both; then the
-same for an int8 (QDQ) attention.
+same for an int8 (QDQ) attention, a causal (GPT-style) one and the bf16 mode.
 """
 
 # %%
@@ -106,3 +106,22 @@ print(f"bit-exact rows: {np.mean(np.all(got == want, axis=-1)):.2%}, "
 assert np.abs(got - want).max() <= 3 * step
 f, u = median_ms(q_fused, qdq.inputs), median_ms(q_unfused, qdq.inputs)
 print(f"{qdq.name}: fused {f:.2f} ms, unfused {u:.2f} ms ({u / f:.1f}x)")
+
+# %%
+# Causal masks and bf16
+# ---------------------
+# GPT-style attention masks its scores with ``Where(causal, scores, -inf)`` before the padding
+# mask; the boolean mask joins the kernel as an operand, in int8 as in fp32.
+causal = workloads.qdq_attention(1, 64, heads=2, causal=True)
+compiled = tvm_hybrid.compile(causal.model)
+print(compiled.kernels["hybrid_attention"].detail)
+want, step = workloads.qdq_attention_reference(causal)
+assert np.abs(compiled(**causal.inputs) - want).max() <= 3 * step
+
+# %%
+# With ``precision="bf16"`` on a CPU with AVX512-BF16 both products run on ``vdpbf16ps``
+# (``schedules/attention/bf16_kernel.py``: bf16 operands and probabilities, fp32 sums and
+# softmax); without a bf16 dot product the attention stays fp32.
+small = workloads.attention(1, 64, heads=2)
+compiled = tvm_hybrid.compile(small.model, precision="bf16")
+print(compiled.kernels["hybrid_attention"].detail)
