@@ -89,3 +89,38 @@ def test_a_single_computed_output_is_a_view():
     second = model(**wl.inputs)
     assert not np.shares_memory(first, second)
     np.testing.assert_array_equal(first, kept)
+
+
+def _aligned(shape, fill):
+    room = np.empty(int(np.prod(shape)) + 16, "float32")
+    start = (-room.ctypes.data % ALIGNMENT) // 4
+    array = room[start:start + int(np.prod(shape))].reshape(shape)
+    array[...] = fill
+    return array
+
+
+def test_small_inputs_are_copied_into_staging_large_aligned_ones_shared():
+    staging: dict = {}
+    small = _aligned((4, 8), 1.0)  # aligned, but small: copied
+    (t,) = to_device([small], staging)
+    (u,) = to_device([_aligned((4, 8), 2.0)], staging)
+    assert u is t and np.all(u.numpy() == 2.0)  # the same staging tensor, fresh contents
+    assert not np.shares_memory(np.from_dlpack(u), small)
+    large = _aligned((64, 256), 3.0)  # 64 KiB, aligned: passed as it is
+    (w,) = to_device([large], staging)
+    assert np.shares_memory(np.from_dlpack(w), large)
+
+
+def test_calls_on_small_inputs_see_each_call_inputs():
+    wl = workloads.mlp(4, (8, 16), name="tiny")
+    model = tvm_hybrid.compile(wl.model)
+    reference = tvm_hybrid.compile(wl.model, pipeline="stock")
+    rng = np.random.default_rng(1)
+    inputs = [rng.standard_normal((4, 8)).astype("float32") for _ in range(3)]
+    for x in inputs + inputs[::-1]:
+        np.testing.assert_allclose(model(x), reference(x), rtol=1e-5, atol=1e-6)
+    # The unchecked fast path of positional inputs still rejects a wrong dtype or shape.
+    with pytest.raises(tvm_hybrid.InputError):
+        model(inputs[0].astype("float64"))
+    with pytest.raises(tvm_hybrid.InputError):
+        model(inputs[0][:2])
