@@ -136,9 +136,11 @@ def to_numpy(value, fresh: tuple[bool, ...] | None):
 
 
 def _array(tensor: tvm.runtime.Tensor, fresh: bool) -> np.ndarray:
-    if fresh and str(tensor.dtype)[0] in "biuf":
+    if str(tensor.dtype)[0] in "biuf":
         try:
-            return np.from_dlpack(tensor)
+            view = np.from_dlpack(tensor)
+            # A copy through the view: 1 us for a small output, against 12 us for .numpy().
+            return view if fresh else view.copy()
         except Exception:  # noqa: BLE001 - dtypes numpy's DLPack import lacks: copy
             pass
     return tensor.numpy()
