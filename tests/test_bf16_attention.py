@@ -150,6 +150,10 @@ def test_bf16_precision_fuses_bf16_attention_where_the_cpu_has_bf16_dots():
     kernel = next(f for gv, f in fused.functions.items() if gv.name_hint == FUSED_ATTENTION)
     assert "avx512_bf16 fused attention" in str(kernel.attrs[ATTENTION_ATTR])
     assert AttentionShape.from_key(str(kernel.attrs["hybrid.attention_shape"])).bf16
+    # Compiled for that CPU (not run here), the profile counts the kernel's FLOPs as bf16.
+    compiled = tvm_hybrid.compile(workloads.attention(1, 40, heads=2).model, ZNVER4,
+                                  precision="bf16")
+    assert compiled.kernels[FUSED_ATTENTION].kind == "bf16"
     for target, precision in ((HASWELL, "bf16"), (ZNVER4, "fp32")):
         fused = passes.FuseAttention(target, precision=precision)(mod)
         kernels = [f for gv, f in fused.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
