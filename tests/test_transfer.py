@@ -124,3 +124,9 @@ def test_calls_on_small_inputs_see_each_call_inputs():
         model(inputs[0].astype("float64"))
     with pytest.raises(tvm_hybrid.InputError):
         model(inputs[0][:2])
+    # By name too.
+    np.testing.assert_array_equal(model(x=inputs[1]), model(inputs[1]))
+    with pytest.raises(tvm_hybrid.InputError):
+        model(x=inputs[0].astype("float64"))
+    with pytest.raises(tvm_hybrid.InputError, match="unknown input"):
+        model(y=inputs[0])

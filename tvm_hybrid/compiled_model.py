@@ -156,6 +156,9 @@ class CompiledModel:
         return err
 
     def _bind(self, arrays: tuple, named: dict) -> list[np.ndarray]:
+        if named and not arrays and len(named) == len(self.inputs) and all(
+                spec.name in named for spec in self.inputs):
+            arrays, named = tuple(named[spec.name] for spec in self.inputs), {}
         if not named and len(arrays) == len(self._exact) and all(
                 type(a) is np.ndarray and exact is not None and a.dtype == exact[0]
                 and a.shape == exact[1] for a, exact in zip(arrays, self._exact)):
