@@ -35,7 +35,15 @@ from ...microkernels.families.bf16_dot import DPBF16PS_IR, dpbf16_update
 from ...microkernels.families.bf16_widening import widening_update
 from ...microkernels.tiles import grouped_updates
 from .heuristics import AttentionKnobs
-from .kernel import _LOWEST, ATTENTION_ATTR, FLOPS_ATTR, SHAPE_ATTR, apply_masks, fast_exp
+from .kernel import (
+    _LOWEST,
+    ATTENTION_ATTR,
+    FLOPS_ATTR,
+    SHAPE_ATTR,
+    apply_masks,
+    fast_exp,
+    kept_params,
+)
 from .workload import AttentionShape, element_offset
 
 
@@ -225,5 +233,4 @@ def bf16_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.
         body(Q, KW, VW, M, C, Out)
 
     kept = [True, True, True, shape.mask_shape is not None, shape.cond_shape is not None, True]
-    return tirx.PrimFunc([p for p, keep in zip(kernel.params, kept) if keep], kernel.body,
-                         kernel.ret_type, kernel.attrs)
+    return kept_params(kernel, kept)

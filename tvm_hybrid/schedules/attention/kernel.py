@@ -80,6 +80,14 @@ def apply_masks(shape: AttentionShape, value, M, C, b, h, q, k):
     return value
 
 
+def kept_params(func: tirx.PrimFunc, kept: list[bool]) -> tirx.PrimFunc:
+    """``func`` with only the parameters ``kept`` marks: a kernel written with one signature
+    for every form declares the operands a form lacks (one element each, never read), and
+    this drops them."""
+    return tirx.PrimFunc([p for p, keep in zip(func.params, kept) if keep], func.body,
+                         func.ret_type, func.attrs)
+
+
 def attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.PrimFunc:
     """The fused attention PrimFunc of ``shape`` with ``knobs`` (module docstring).
 

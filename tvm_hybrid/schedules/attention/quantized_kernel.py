@@ -62,6 +62,7 @@ from .kernel import (
     SHAPE_ATTR,
     apply_masks,
     fast_exp,
+    kept_params,
 )
 from .workload import AttentionShape, element_offset, row_strides
 
@@ -382,5 +383,4 @@ def quantized_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> 
 
     kept = [True, True, vnni, True, vnni, shape.mask_shape is not None,
             shape.cond_shape is not None, True]
-    return tirx.PrimFunc([p for p, keep in zip(kernel.params, kept) if keep], kernel.body,
-                         kernel.ret_type, kernel.attrs)
+    return kept_params(kernel, kept)
