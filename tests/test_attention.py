@@ -265,7 +265,9 @@ def _softmax_attention_rank3(n=6, seq=45, d=32) -> onnx.ModelProto:
         [value("out", [n, seq, d])],
         initializer=[helper.make_tensor("scale", TensorProto.FLOAT, [],
                                         [1 / math.sqrt(d)])])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8  # what every ONNX Runtime since 1.10 reads (1.30 refuses onnx's 14)
+    return model
 
 
 def _gpt_attention(batch=2, heads=2, seq=37, d=32) -> onnx.ModelProto:
@@ -291,7 +293,9 @@ def _gpt_attention(batch=2, heads=2, seq=37, d=32) -> onnx.ModelProto:
         [value("out", shape)],
         initializer=[helper.make_tensor("root", TensorProto.FLOAT, [], [float(root)]),
                      helper.make_tensor("neg_inf", TensorProto.FLOAT, [], [-np.inf])])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8  # what every ONNX Runtime since 1.10 reads (1.30 refuses onnx's 14)
+    return model
 
 
 def test_gpt_style_attention_with_causal_where_and_operand_scales():

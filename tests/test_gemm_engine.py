@@ -351,5 +351,8 @@ def test_peak_measurement_is_plausible(kind):
     assert peak.gops > 0
     if kind == "fp32":
         assert 0.3 < peak.clock_ghz < 8.0, peak
-    else:  # int8 and bf16 pack more multiply-adds per instruction than fp32
-        assert peak.gops > measure_peak("fp32").gops * 0.8, peak
+    else:
+        # int8 packs 4 multiply-adds per lane into an instruction, bf16 2; but Intel cores issue
+        # vdpbf16ps on one port against two for fp32 FMAs, so there bf16's peak equals fp32's.
+        floor = 0.8 if kind == "int8" else 0.5
+        assert peak.gops > measure_peak("fp32").gops * floor, peak

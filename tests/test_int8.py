@@ -13,7 +13,7 @@ import tvm
 
 import tvm_hybrid
 from tvm_hybrid.bench import workloads
-from tvm_hybrid.host import make_target
+from tvm_hybrid.host import host_features, make_target
 from tvm_hybrid.microkernels import (
     ensure_tensor_intrin,
     family_of,
@@ -29,10 +29,12 @@ HOST = make_target("host")
 INT8_PACKED_MATMUL = KERNEL_NAMES["uint8"]
 
 
-def _host_int8_isa() -> str:
-    """The integer family the host's GEMMs with s8 weights use."""
+def _host_int8_isa() -> tuple[str, ...]:
+    """The integer families the host's GEMMs with s8 weights use: its best vector microkernel,
+    and AMX tiles where the host has them (the heuristic takes them for shapes they cover)."""
     dtype = integer_gemm_dtype(HOST, -128, 127)
-    return microkernels_for(HOST, dtype, include_blocks=False)[0].isa
+    isa = microkernels_for(HOST, dtype, include_blocks=False)[0].isa
+    return (isa, "amx") if "amx-int8" in host_features() else (isa,)
 
 
 def _template_notes(model) -> list[str]:

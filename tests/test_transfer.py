@@ -8,6 +8,7 @@ import tvm
 from onnx import TensorProto, helper
 
 import tvm_hybrid
+from tvm_hybrid import transfer
 from tvm_hybrid.bench import workloads
 from tvm_hybrid.transfer import ALIGNMENT, fresh_outputs, to_device
 
@@ -67,6 +68,20 @@ def test_inputs_aligned_or_not():
             moved[name] = room[start:start + array.size].reshape(array.shape)
             moved[name][...] = array
         np.testing.assert_array_equal(model(**moved), want)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_large_staged_copies_split_across_threads(monkeypatch, threads):
+    """Copies of PARALLEL_BYTES or more are split in ``threads`` parts that cover the array
+    exactly once, odd sizes and non-contiguous sources included."""
+    monkeypatch.setattr(transfer, "PARALLEL_BYTES", 64)
+    monkeypatch.setattr(transfer, "_threads", lambda: threads)
+    rng = np.random.default_rng(0)
+    for shape in [(1001,), (7, 13, 5), (3, 1)]:
+        base = rng.standard_normal((*shape[:-1], 2 * shape[-1])).astype("float32")
+        for array in (base[..., 1:shape[-1] + 1], base[..., ::2]):  # unaligned, strided
+            (tensor,) = to_device([array], {})
+            np.testing.assert_array_equal(tensor.numpy(), array)
 
 
 def test_staging_follows_the_shapes():
