@@ -25,8 +25,9 @@ through ``quantize``/``dequantize`` pairs of the same parameters on either side 
 preparation kernel and the int8 kernel of ``schedules/attention/quantized_kernel.py`` on
 ``u8`` operands (VNNI's ``vpdpbusd``, or AVX2's ``vpmaddwd`` on s16 words without it).
 With ``precision="bf16"`` an fp32 attention becomes the bf16 preparation and kernel of
-``schedules/attention/bf16_kernel.py`` where the CPU has a bf16 dot product (AVX512-BF16),
-and stays fp32 elsewhere.
+``schedules/attention/bf16_kernel.py`` where the CPU has a bf16 dot product (AVX512-BF16)
+faster than its fp32 FMAs (AMD Zen 4 and 5; ``heuristics.bf16_attention_pays``), and stays
+fp32 elsewhere.
 ONNX's ``Attention`` op arrives in the fp32 form (``frontend/attention.py``).
 
 Declined, left to the per-op kernels: other dtypes, dynamic shapes, a head dimension that is
@@ -49,6 +50,7 @@ from ..schedules.attention.bf16_kernel import (
     bf16_prep_kernel,
     bf16_prep_shapes,
 )
+from ..schedules.attention.heuristics import bf16_attention_pays
 from ..schedules.attention.quantized_kernel import (
     attention_prep_kernel,
     prep_shapes,
@@ -123,7 +125,8 @@ class _Fuser(TargetMutator):
         fused = fused or self._head_merge(value)
         if fused is not None and self.bf16 and fused[0].quant is None:
             in_bf16 = dataclasses.replace(fused[0], bf16=True)
-            if knobs_for(self.target, in_bf16) is not None:  # else fp32 (no bf16 dot product)
+            # else fp32: no bf16 dot product, or one no faster than fp32 FMAs
+            if bf16_attention_pays(self.target) and knobs_for(self.target, in_bf16) is not None:
                 fused = (in_bf16, *fused[1:])
         knobs = knobs_for(self.target, fused[0]) if fused is not None else None
         if knobs is None:

@@ -135,6 +135,18 @@ def bf16_family(target: Target):
     return family
 
 
+def bf16_attention_pays(target: Target) -> bool:
+    """Whether ``precision="bf16"`` runs attention in bf16 on ``target``: where it has a bf16
+    dot product (:func:`bf16_family`) that outruns its fp32 FMAs. AMD's Zen 4 and Zen 5 issue
+    ``vdpbf16ps`` (two multiply-adds a lane) as fast as an FMA; Intel's cores issue it on one
+    port against two for FMAs, so its bf16 peak only equals the fp32 peak (an Emerald Rapids
+    measured 78 bf16 against 118 fp32 GFLOP/s a core), and bf16 attention, which adds the
+    conversions and the preparation of K and V, ran at 0.69-0.87x of fp32 attention there
+    (BERT heads, 16 cores): attention stays fp32 on Intel CPUs."""
+    return bf16_family(target) is not None and str(target.attrs.get("mcpu", "")).startswith(
+        "znver")
+
+
 def grouped_knobs(family, shape: AttentionShape) -> AttentionKnobs | None:
     """The heuristic knobs of a bf16 ``shape`` on ``family``'s tiles (a bf16 family, also the
     widening one the tests run anywhere): two vectors of queries, the tallest tiles of at most
