@@ -288,6 +288,25 @@ def test_running_out_of_memory_is_an_input_error():
             print("REFUSED", err)
     """)
     assert "REFUSED out of memory" in out.stdout
+    assert "64.0 TiB" in out.stdout  # refused before allocating (memory_guard.py)
+
+
+def test_tensors_bigger_than_the_machine_are_refused_before_allocating(monkeypatch):
+    """On a host that overcommits (vm.overcommit_memory = 1) the 64 TiB allocation above was
+    granted and the process was killed (SIGKILL) when its pages were touched. The planned sizes
+    are checked against the machine's memory first, whatever the host's policy: here a machine
+    of 4 KiB against a 64 x 32 outer product's 8 KiB."""
+    from tvm_hybrid import memory_guard
+
+    model = tvm_hybrid.compile(corpus.huge_model(64, 32))
+    assert memory_guard.planned_bytes(model.lowered["main"]) == 64 * 32 * 4
+    a, b = np.ones((64, 1), np.float32), np.ones((1, 32), np.float32)
+    monkeypatch.setattr(memory_guard, "machine_bytes", lambda: 4096)
+    with pytest.raises(tvm_hybrid.InputError, match=r"inputs a \(64, 1\), b \(1, 32\) the "
+                       r"model's tensors need 8.0 KiB, more than this machine's 4.0 KiB"):
+        model(a, b)
+    monkeypatch.setattr(memory_guard, "machine_bytes", lambda: 8192)
+    np.testing.assert_array_equal(model(a, b), a @ b)
 
 
 def test_bad_options_are_option_errors():

@@ -13,6 +13,7 @@ import tvm
 from tvm import relax
 from tvm.target import Target
 
+from . import memory_guard
 from .artifact import read_checked, write_sidecar
 from .errors import CompileError, InputError, ModelLoadError, OptionError, first_line
 from .frontend import TensorSpec
@@ -72,6 +73,10 @@ class CompiledModel:
             if not self._checked:
                 check_runnable_here(self.target)
                 self._checked = True
+            too_big = memory_guard.excess(
+                self.lowered["main"] if self.lowered is not None else None, self.inputs)
+            if too_big:  # an overcommitting host would kill the process (memory_guard.py)
+                raise InputError(too_big)
             vm = self._local.vm = relax.VirtualMachine(self.executable, tvm.cpu())
         return vm
 
@@ -140,6 +145,8 @@ class CompiledModel:
         the range of the offending input's values; memory exhaustion a :class:`InputError`
         saying so; anything else is returned unchanged.
         """
+        if isinstance(err, InputError):  # already says what is wrong (memory_guard.py)
+            return err
         text = str(err)
         if INDEX_ERROR in text:
             detail = text[text.index(INDEX_ERROR) + len(INDEX_ERROR) + 2:].splitlines()[0]
