@@ -284,6 +284,7 @@ def test_cli_tune_then_compile(tmp_path, capsys, target):
     assert "--rpc-tracker and --rpc-key go together" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # ~2 minutes on 2 cores
 def test_evolutionary_search_stays_in_the_template(tmp_path, target):
     """MetaSchedule's own search over the template's space; the result is never slower."""
     wl = workloads.gemm(64, 64, 32)
@@ -328,6 +329,7 @@ def test_rpc_tuning_on_loopback(tmp_path, target):
         tracker.terminate()
 
 
+@pytest.mark.slow  # ~2 minutes on 2 cores
 def test_other_kernels_can_be_tuned_with_stock_metaschedule_rules(tmp_path, target):
     """others="metaschedule": layer-norm kernels are searched too; the fallback schedule is
     measured first and kept unless beaten. (A BERT layer: attention alone is one generated

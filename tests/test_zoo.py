@@ -22,8 +22,10 @@ from tvm_hybrid.testing import zoo
 
 ort = pytest.importorskip("onnxruntime", reason="the comparisons need onnxruntime (test extra)")
 
-#: The largest models, by compile time on 2 cores (run with -m slow or the full suite).
-SLOW = {"layout", "captcha_ocr", "ocr_det"}
+#: The models that take longest on 2 cores (20-60 s each on an idle Zen 3), run with -m slow
+#: (CI runs them; ``ci/run_tests.sh``). The default run keeps an fp32 CNN, a recurrent model,
+#: both int8 kinds and the dynamic-shape ones.
+SLOW = {"layout", "captcha_ocr", "ocr_det", "yolox_captcha", "yolov8n", "orientation"}
 
 
 @pytest.mark.parametrize("entry", [
