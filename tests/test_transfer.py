@@ -70,11 +70,12 @@ def test_inputs_aligned_or_not():
         np.testing.assert_array_equal(model(**moved), want)
 
 
-@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("threads", [1, 2, 3, 7])
 def test_large_staged_copies_split_across_threads(monkeypatch, threads):
-    """Copies of PARALLEL_BYTES or more are split in ``threads`` parts that cover the array
-    exactly once, odd sizes and non-contiguous sources included."""
-    monkeypatch.setattr(transfer, "PARALLEL_BYTES", 64)
+    """A call's copies are dealt out to ``threads`` threads (one per PARALLEL_BYTES) in parts
+    that cover every input exactly once (parts may span inputs of different dtypes), odd sizes
+    and non-contiguous sources included."""
+    monkeypatch.setattr(transfer, "PARALLEL_BYTES", 8)
     monkeypatch.setattr(transfer, "_threads", lambda: threads)
     rng = np.random.default_rng(0)
     for shape in [(1001,), (7, 13, 5), (3, 1)]:
@@ -82,6 +83,14 @@ def test_large_staged_copies_split_across_threads(monkeypatch, threads):
         for array in (base[..., 1:shape[-1] + 1], base[..., ::2]):  # unaligned, strided
             (tensor,) = to_device([array], {})
             np.testing.assert_array_equal(tensor.numpy(), array)
+    arrays = [rng.standard_normal(333).astype("float32")[1:],
+              rng.integers(-9, 9, (5, 7)).astype("int64"),
+              rng.integers(0, 255, 1001).astype("uint8")[1:], np.arange(3, dtype="int16")]
+    staging: dict = {}
+    for _ in range(2):  # the second call reuses the staging tensors
+        for tensor, array in zip(to_device(arrays, staging), arrays):
+            np.testing.assert_array_equal(tensor.numpy(), array)
+        arrays = [a[::-1].copy()[: a.size] if a.ndim == 1 else a + 1 for a in arrays]
 
 
 def test_staging_follows_the_shapes():

@@ -8,8 +8,8 @@ allocations, single-threaded memcpy), more than the fused kernel itself.
 * An input already laid out as TVM needs (C-contiguous, 64-byte aligned: what TVM's kernels
   assume) is passed zero-copy through DLPack.
 * Other inputs (numpy aligns large arrays to 16 bytes) are copied into a staging tensor kept per
-  thread and input, so the copy reuses memory already mapped; copies of
-  :data:`PARALLEL_BYTES` or more are split across as many threads as TVM's pool has (one
+  thread and input, so the copy reuses memory already mapped; a call's copies are dealt out to
+  a thread per :data:`PARALLEL_BYTES` (at most TVM's thread count; one
   thread's memcpy moves a fraction of the memory's bandwidth: three 12 MB attention inputs took
   ~3 ms of an 8.6 ms call on a 16-core Xeon). Small contiguous inputs (up to
   :data:`SMALL_BYTES`) are always staged: copying them takes less time than the alignment
@@ -30,8 +30,10 @@ ALIGNMENT = 64
 #: Contiguous inputs up to this size are copied into their staging tensor without trying the
 #: zero-copy path first.
 SMALL_BYTES = 16384
-#: Staged copies of at least this many bytes run on several threads.
-PARALLEL_BYTES = 1 << 21
+#: A call's staged copies run on one thread per this many bytes (at most TVM's thread count):
+#: handing a thread less costs more than it saves (attention inputs of 3.5 and 9.4 MB were no
+#: faster split on 2 cores; 38 MB were 11% faster on 2 cores and 15% on 16).
+PARALLEL_BYTES = 1 << 22
 _DLPACK_KINDS = "biuf"
 _POOL: list = []
 
@@ -39,7 +41,7 @@ _POOL: list = []
 def to_device(arrays: list[np.ndarray], staging: dict) -> list[tvm.runtime.Tensor]:
     """TVM tensors holding ``arrays``: zero-copy when possible, else copied into the
     ``staging`` tensors (one per position, reused while shape and dtype stay)."""
-    out = []
+    out, copies = [], []
     for position, array in enumerate(arrays):
         held = staging.get(position)
         if (held is not None and array.nbytes <= SMALL_BYTES and array.shape == held[1].shape
@@ -51,8 +53,10 @@ def to_device(arrays: list[np.ndarray], staging: dict) -> list[tvm.runtime.Tenso
         array = np.require(array, requirements="C")
         tensor = None if 0 < array.nbytes <= SMALL_BYTES else _zero_copy(array)
         if tensor is None:
-            tensor = _staged(array, position, staging)
+            tensor = _staged(array, position, staging, copies)
         out.append(tensor)
+    if copies:
+        _copy(copies)
     return out
 
 
@@ -66,31 +70,53 @@ def _zero_copy(array: np.ndarray) -> tvm.runtime.Tensor | None:
         return None
 
 
-def _staged(array: np.ndarray, position: int, staging: dict) -> tvm.runtime.Tensor:
+def _staged(array: np.ndarray, position: int, staging: dict,
+            copies: list) -> tvm.runtime.Tensor:
+    """The staging tensor of ``position`` for ``array``; the copy into it is added to
+    ``copies``."""
     if array.dtype.kind not in _DLPACK_KINDS or array.size == 0:
         return tvm.runtime.tensor(array, tvm.cpu())
     held = staging.get(position)
     if held is None or held[1].shape != array.shape or held[1].dtype != array.dtype:
         tensor = tvm.runtime.empty(array.shape, str(array.dtype))
         held = staging[position] = (tensor, np.from_dlpack(tensor))  # a view, for np.copyto
-    _copy(held[1], array)
+    copies.append((held[1], array))
     return held[0]
 
 
-def _copy(dst: np.ndarray, src: np.ndarray) -> None:
-    """``dst[...] = src`` (both C-contiguous, same shape and dtype), large copies in parallel
-    (numpy releases the GIL while it copies)."""
-    threads = _threads() if src.nbytes >= PARALLEL_BYTES else 1
+def _copy(copies: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    """``dst[...] = src`` for each pair (both C-contiguous, same shape and dtype). Their bytes
+    are dealt out evenly to a thread per :data:`PARALLEL_BYTES` (at most TVM's thread count),
+    one dispatch for all inputs (numpy releases the GIL while it copies)."""
+    total = sum(src.nbytes for _, src in copies)
+    threads = min(_threads(), total // PARALLEL_BYTES) if total >= 2 * PARALLEL_BYTES else 1
     if threads < 2:
-        np.copyto(dst, src, casting="no")
+        for dst, src in copies:
+            np.copyto(dst, src, casting="no")
         return
-    flat_dst, flat_src = dst.reshape(-1), src.reshape(-1)
-    bounds = np.linspace(0, flat_src.size, threads + 1).astype(np.int64)
-    parts = [(flat_dst[a:b], flat_src[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
-    futures = [_pool(threads).submit(np.copyto, d, s, casting="no") for d, s in parts[1:]]
-    np.copyto(*parts[0], casting="no")
+    share = -(-total // threads)
+    jobs: list[list] = [[]]
+    room = share
+    for dst, src in copies:
+        flat_dst, flat_src = dst.reshape(-1), src.reshape(-1)
+        start, size, item = 0, flat_src.size, flat_src.itemsize
+        while start < size:
+            if room < item:
+                jobs.append([])
+                room = share
+            end = min(size, start + room // item)
+            jobs[-1].append((flat_dst[start:end], flat_src[start:end]))
+            room -= (end - start) * item
+            start = end
+    futures = [_pool(threads).submit(_run, job) for job in jobs[1:]]
+    _run(jobs[0])
     for future in futures:
         future.result()
+
+
+def _run(job: list) -> None:
+    for dst, src in job:
+        np.copyto(dst, src, casting="no")
 
 
 def _threads() -> int:
