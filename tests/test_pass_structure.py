@@ -57,6 +57,26 @@ def test_sink_reshapes():
     _same(passes.SinkReshapes()(_function([x], before)), _function([x], expected))
 
 
+
+def test_sink_reshapes_past_an_integer_gemms_conversion():
+    """A quantized 1x1 convolution's int32 sums: the reshape moves below their conversion to
+    float and the scale, so the integer GEMM's epilogue sees them."""
+    x = _tensor("x", (36, 24), "int32")
+    w32 = RNG.integers(-127, 128, (24, 16)).astype("int32")
+
+    def before(bb, x):
+        y = bb.emit(relax.op.matmul(x, relax.const(w32), out_dtype="int32"))
+        y = bb.emit(relax.op.astype(bb.emit(relax.op.reshape(y, (1, 6, 6, 16))), "float32"))
+        return relax.op.multiply(y, relax.const(B.reshape(1, 1, 1, 16)))
+
+    def expected(bb, x):
+        y = bb.emit(relax.op.matmul(x, relax.const(w32), out_dtype="int32"))
+        y = bb.emit(relax.op.astype(y, "float32"))
+        y = bb.emit(relax.op.multiply(y, relax.const(B)))
+        return relax.op.reshape(y, (1, 6, 6, 16))
+
+    _same(passes.SinkReshapes()(_function([x], before)), _function([x], expected))
+
 def test_fold_scales_into_weights():
     scale = RNG.standard_normal(16).astype("float32")
     x = _tensor("x", (36, 24))
@@ -179,8 +199,8 @@ def test_integer_gemm_on_vnni():
         padded = bb.emit(relax.op.nn.pad(x, [0, 0, 0, 2]))
         packed = pack_weight(W32, 16, 4, np.int8)
         compensation = relax.const((3 * W32.sum(axis=0)).astype("int32"))
-        return bb.emit(_packed_call(bb, padded, packed, 16, "int32", "int32", [compensation],
-                                    name="uint8"))
+        return _packed_call(bb, padded, packed, 16, "int32", "int32", [compensation],
+                            name="uint8")
 
     after = passes.IntegerGemmToVNNI(ICELAKE)(_function([x], _integer_matmul))
     _same(after, _function([x], expected))
@@ -193,7 +213,7 @@ def test_integer_gemm_on_avx2_s16():
     def expected(bb, x):
         x16 = bb.emit(relax.op.subtract(relax.op.astype(x, "int16"), relax.const(3, "int16")))
         packed = pack_weight(W32, 16, 2, np.int16)
-        return bb.emit(_packed_call(bb, x16, packed, 16, "int32", "int32", name="int16"))
+        return _packed_call(bb, x16, packed, 16, "int32", "int32", name="int16")
 
     after = passes.IntegerGemmToVNNI(HASWELL)(_function([x], _integer_matmul))
     _same(after, _function([x], expected))
@@ -247,6 +267,78 @@ def test_fold_qdq_matmul():
 
     _same(passes.FoldQDQ(ICELAKE)(_function([x], before)), _function([x], expected))
 
+
+
+def _quantized_input(bb, x):
+    return bb.emit(relax.op.quantize(x, relax.const(0.1, "float32"), relax.const(3, "int8"),
+                                     out_dtype="uint8"))
+
+
+def test_fold_qdq_pointwise_conv():
+    """A 1x1 convolution of dequantized u8 data by dequantized s8 weights (per output channel):
+    the int32 convolution of ``x - zx`` by the weights, then one scale per output channel."""
+    w8 = RNG.integers(-127, 128, (16, 24, 1, 1)).astype("int8")
+    w_scale = RNG.uniform(0.01, 0.1, 16).astype("float32")
+    x = _tensor("x", (1, 24, 6, 6))
+
+    def before(bb, x):
+        xd = bb.emit(relax.op.dequantize(_quantized_input(bb, x), relax.const(0.1, "float32"),
+                                         relax.const(3, "int8")))
+        wd = bb.emit(relax.op.dequantize(relax.const(w8), relax.const(w_scale),
+                                         relax.const(np.zeros(16, "int8")), axis=0))
+        return relax.op.nn.conv2d(xd, wd)
+
+    def expected(bb, x):
+        x32 = bb.emit(relax.op.astype(_quantized_input(bb, x), "int32"))
+        shifted = bb.emit(relax.op.subtract(x32, relax.const(3, "int32")))
+        conv = bb.emit(relax.op.nn.conv2d(shifted, relax.const(w8.astype("int32")),
+                                          out_dtype="int32"))
+        sums = bb.emit(relax.op.astype(conv, "float32"))
+        scale = (np.float32(0.1) * w_scale).reshape(1, 16, 1, 1)
+        return relax.op.multiply(sums, relax.const(scale))
+
+    _same(passes.FoldQDQ(ICELAKE)(_function([x], before)), _function([x], expected))
+
+
+def test_fold_qdq_leaves_other_convs_to_the_float_path():
+    """A 3x3 convolution of dequantized data stays as it is (its weights fold to fp32)."""
+    w8 = RNG.integers(-127, 128, (16, 24, 3, 3)).astype("int8")
+    x = _tensor("x", (1, 24, 6, 6))
+
+    def before(bb, x):
+        xd = bb.emit(relax.op.dequantize(_quantized_input(bb, x), relax.const(0.1, "float32"),
+                                         relax.const(3, "int8")))
+        wd = bb.emit(relax.op.dequantize(relax.const(w8), relax.const(0.05, "float32"),
+                                         relax.const(0, "int8")))
+        return relax.op.nn.conv2d(xd, wd)
+
+    module = _function([x], before)
+    _same(passes.FoldQDQ(ICELAKE)(module), module)
+
+
+def test_conv_to_gemm_integer_pointwise():
+    """An int32 1x1 convolution of u8 data less its zero point: the NHWC pixels of the u8
+    tensor as the rows of the int32 matmul that IntegerGemmToVNNI takes; the integer
+    convolution is not made fp32 first (IntegerConvToFloat leaves it to the GEMM)."""
+    w32 = RNG.integers(-127, 128, (16, 8, 1, 1)).astype("int32")
+    x = _tensor("x", (1, 8, 6, 6), "uint8")
+
+    def before(bb, x):
+        shifted = bb.emit(relax.op.subtract(relax.op.astype(x, "int32"),
+                                            relax.const(3, "int32")))
+        return relax.op.nn.conv2d(shifted, relax.const(w32), out_dtype="int32")
+
+    def expected(bb, x):
+        nhwc = bb.emit(relax.op.permute_dims(x, [0, 2, 3, 1]))
+        rows = bb.emit(relax.op.astype(bb.emit(relax.op.reshape(nhwc, (36, 8))), "int32"))
+        rows = bb.emit(relax.op.subtract(rows, relax.const(3, "int32")))
+        y = bb.emit(relax.op.matmul(rows, relax.const(np.ascontiguousarray(w32[:, :, 0, 0].T)),
+                                    out_dtype="int32"))
+        y = bb.emit(relax.op.reshape(y, (1, 6, 6, 16)))
+        return relax.op.permute_dims(y, [0, 3, 1, 2])
+
+    module = passes.IntegerConvToFloat(ICELAKE)(_function([x], before))
+    _same(passes.ConvToGemm(ICELAKE)(module), _function([x], expected))
 
 def test_fuse_gemm_epilogues():
     """A GEMM, its bias and its activation become one composite function (one kernel)."""

@@ -204,6 +204,78 @@ def qdq_reference(wl: Workload) -> np.ndarray:
     return values[wl.model.graph.output[0].name]
 
 
+def _hardswish(v: np.ndarray) -> np.ndarray:
+    return (v * np.clip(v + np.float32(3), 0, 6) / np.float32(6)).astype(np.float32)
+
+
+_ACTIVATIONS = {"Relu": lambda v: np.maximum(v, 0), "HardSwish": _hardswish}
+
+
+def qdq_pointwise_convs(channels: tuple[int, ...] = (16, 64, 24), size: tuple[int, int] = (28, 28),
+                        *, activation: str = "HardSwish", seed: int = 0) -> Workload:
+    """A chain of 1x1 convolutions (MobileNet's pointwise layers) as an ONNX QDQ model: u8
+    activations (per-tensor, calibrated on the workload's input), s8 weights (per output
+    channel, symmetric), fp32 bias, ``activation`` after each convolution, then quantized.
+    :func:`qdq_pointwise_reference` computes it."""
+    g = _Graph(seed)
+    x = np.random.default_rng(seed + 1).standard_normal((1, channels[0], *size)).astype("float32")
+    scale, zero = _activation_qparams(g, x)
+    cur = g.op("DequantizeLinear", g.op("QuantizeLinear", "x", scale, zero), scale, zero)
+    value, flops = x, 0.0
+    for c, o in zip(channels[:-1], channels[1:]):
+        w = g.rng.uniform(-1, 1, (o, c, 1, 1)).astype(np.float32) / math.sqrt(c)
+        w_scale = (np.abs(w).reshape(o, -1).max(axis=1) / 127).astype(np.float32)
+        w_q = np.clip(np.round(w / w_scale.reshape(-1, 1, 1, 1)), -127, 127).astype(np.int8)
+        bias = g.rng.uniform(-0.5, 0.5, o).astype(np.float32)
+        w_dq = g.op("DequantizeLinear", g.const(w_q, "wq"), g.const(w_scale, "ws"),
+                    g.const(np.zeros(o, np.int8), "wz"), axis=0)
+        cur = g.op(activation, g.op("Conv", cur, w_dq, g.const(bias, "b")))
+        value = np.einsum("nchw,oc->nohw", value, w[:, :, 0, 0]) + bias.reshape(1, -1, 1, 1)
+        value = _ACTIVATIONS[activation](value)
+        flops += 2.0 * c * o * size[0] * size[1]
+        scale, zero = _activation_qparams(g, value)
+        cur = g.op("DequantizeLinear", g.op("QuantizeLinear", cur, scale, zero), scale, zero)
+    out = g.op("Identity", cur)
+    proto = g.model("qdq_pointwise", [_value("x", x.shape)],
+                    [_value(out, (1, channels[-1], *size))])
+    return Workload(f"qdq_pointwise_{'x'.join(map(str, channels))}_{activation.lower()}", proto,
+                    {"x": x}, flops)
+
+
+def qdq_pointwise_reference(wl: Workload) -> np.ndarray:
+    """A :func:`qdq_pointwise_convs` model in numpy: each convolution's integer accumulator
+    exact (int64), then ``acc * (sx * sw) + bias``, the activation and the quantization in fp32
+    (round half to even, saturate), as ONNX defines them."""
+    inits = {t.name: numpy_helper.to_array(t) for t in wl.model.graph.initializer}
+    values: dict[str, np.ndarray] = {"x": wl.inputs["x"]}
+    quantized: dict[str, tuple] = {}
+    for node in wl.model.graph.node:
+        ins = node.input
+        if node.op_type == "QuantizeLinear":
+            s, z = inits[ins[1]], inits[ins[2]]
+            q = np.clip(np.round(values[ins[0]] / s) + z, 0, 255).astype(np.uint8)
+            values[node.output[0]] = q
+        elif node.op_type == "DequantizeLinear" and ins[0] in values:
+            s, z = inits[ins[1]], inits[ins[2]]
+            q = values[ins[0]]
+            values[node.output[0]] = (q.astype(np.int32) - z).astype(np.float32) * s
+            quantized[node.output[0]] = (q, s, z)
+        elif node.op_type == "Conv":
+            q, sx, zx = quantized[ins[0]]
+            w_node = next(n for n in wl.model.graph.node if n.output[0] == ins[1])
+            wq, ws = inits[w_node.input[0]], inits[w_node.input[1]]
+            acc = np.einsum("nchw,oc->nohw", q.astype(np.int64) - int(zx),
+                            wq[:, :, 0, 0].astype(np.int64))
+            scale = (np.float32(sx) * ws).astype(np.float32).reshape(1, -1, 1, 1)
+            values[node.output[0]] = (acc.astype(np.float32) * scale
+                                      + inits[ins[2]].reshape(1, -1, 1, 1))
+        elif node.op_type in _ACTIVATIONS:
+            values[node.output[0]] = _ACTIVATIONS[node.op_type](values[ins[0]])
+        elif node.op_type == "Identity":
+            values[node.output[0]] = values[ins[0]]
+    return values[wl.model.graph.output[0].name]
+
+
 def matmul_integer(m: int, n: int, k: int, *, activations: str = "uint8", zero_point: int = 0,
                    weight_zero_point: int | None = None, weight_range=(-128, 128),
                    seed: int = 0) -> Workload:

@@ -50,9 +50,12 @@ from .conv_computes import (
     im2col,
     pack_conv_weight,
 )
-from .conv_layout import Conv1dAs2d, LayoutFriendly, fp32_operands
+from .conv_layout import Conv1dAs2d, ElementwiseQuantize, LayoutFriendly, fp32_operands
+from .integer_conv import IntegerConvToFloat
+from .integer_gemm import pointwise_integer_conv
 from .relax_rewrite import (
     TargetMutator,
+    is_op,
     rewrite_by_op,
     rewrite_functions,
 )
@@ -97,14 +100,36 @@ class ConvToGemm:
         mod = rewrite_functions(mod, Conv1dAs2d(mod))
         # (Canonicalized: a dropout's output, now an alias of its input, would be a binding
         # TVM's layout pass has no rule for: a layout change each side.)
+        mod = rewrite_functions(mod, LayoutFriendly(mod), eliminate_dead_code=True)
         mod = relax.transform.CanonicalizeBindings()(
-            rewrite_functions(mod, LayoutFriendly(mod), eliminate_dead_code=True))
+            rewrite_functions(mod, ElementwiseQuantize(mod)))
         try:
             mod = relax.transform.ConvertLayout(_LAYOUTS)(mod)
         except Exception as err:  # noqa: BLE001 - TVM raises its C++ check failures
             logger.debug("ConvertLayout failed (%s); NHWC per convolution", first_line(err))
         mod = relax.transform.FoldConstant()(mod)
-        return rewrite_functions(mod, _Rewriter(mod, self.target), eliminate_dead_code=True)
+        mod = rewrite_functions(mod, _Rewriter(mod, self.target), eliminate_dead_code=True)
+        if _has_integer_conv(mod):
+            # An integer 1x1 convolution IntegerConvToFloat left for the integer GEMM that the
+            # rewrite could not take after all (a form the layout change made): the fp32
+            # engine where that is exact, as for any integer convolution, not TVM's int32 loop.
+            logger.debug("integer convolutions left after ConvToGemm; to fp32 where exact")
+            mod = IntegerConvToFloat()(mod)
+            mod = rewrite_functions(mod, _Rewriter(mod, self.target), eliminate_dead_code=True)
+        return mod
+
+
+def _has_integer_conv(mod: tvm.IRModule) -> bool:
+    found = []
+
+    def visit(expr):
+        if is_op(expr, "relax.nn.conv2d") and str(expr.ty.dtype) == "int32":
+            found.append(expr)
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return bool(found)
 
 
 def _four(padding) -> tuple[int, int, int, int]:
@@ -199,6 +224,8 @@ class _Rewriter(TargetMutator):
                    str(attrs.out_layout) or str(attrs.data_layout))
         if layouts not in (_NHWC, _NCHW):
             return None
+        if str(call.ty.dtype) == "int32":
+            return self._integer_pointwise(call)
         operands = fp32_operands(self, call, ndim=4)
         if operands is None:
             return None
@@ -225,6 +252,29 @@ class _Rewriter(TargetMutator):
         if layouts == _NCHW:
             y = relax.op.permute_dims(bb.emit(y), [0, 3, 1, 2])
         return y
+
+    def _integer_pointwise(self, call: relax.Call) -> relax.Expr | None:
+        """An int32 1x1 convolution of 8-bit data the integer GEMM takes
+        (:func:`~tvm_hybrid.passes.integer_gemm.pointwise_integer_conv`) as the int32 matmul
+        ``(astype(x8, int32) - zp) @ W32`` of its NHWC pixels, which ``IntegerGemmToVNNI``
+        puts on the integer microkernels."""
+        operands = pointwise_integer_conv(self, call, self.target)
+        if operands is None:
+            return None
+        x8, permutation, zp, w32, layout = operands
+        bb = self.builder_
+        if permutation is not None:
+            x8 = bb.emit(relax.op.permute_dims(x8, permutation))
+        if layout == "NCHW":
+            x8 = bb.emit(relax.op.permute_dims(x8, [0, 2, 3, 1]))
+        n, h, wd, c = (int(d) for d in x8.ty.shape.values)
+        cols = relax.op.astype(bb.emit(relax.op.reshape(x8, (n * h * wd, c))), "int32")
+        if zp is not None:
+            cols = relax.op.subtract(bb.emit(cols), zp)
+        y = bb.emit(relax.op.matmul(bb.emit(cols), relax.const(w32.astype(np.int32)),
+                                    out_dtype="int32"))
+        y = relax.op.reshape(y, (n, h, wd, w32.shape[1]))
+        return relax.op.permute_dims(bb.emit(y), [0, 3, 1, 2]) if layout == "NCHW" else y
 
     def _gemm(self, x: relax.Expr, w: np.ndarray, out_shape: list[int], attrs) -> relax.Expr:
         """The NHWC convolution of ``x`` by the OHWI constant ``w`` as im2col + GEMM."""

@@ -135,6 +135,34 @@ class LayoutFriendly(relax.PyExprMutator):
         return relax.Call(call.op, args, call.attrs)
 
 
+@relax.expr_functor.mutator
+class ElementwiseQuantize(relax.PyExprMutator):
+    """A per-tensor ``quantize(x, s, zp)`` of an fp32 tensor to 8 or 16 bits as the elementwise
+    ops TVM legalizes it to, ``astype(min(max(round(x / s) + zp, qmin), qmax))``, the same
+    values bit for bit: ``ConvertLayout`` has no rule for ``quantize`` and would keep it in the
+    old layout, with a transpose each side. Run after :class:`LayoutFriendly` (which turns
+    ``dequantize(quantize(x))`` pairs into float ops first); what is left are quantized tensors
+    that integer kernels read (a quantized 1x1 convolution's input)."""
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = self.visit_expr_post_order(call)
+        if not is_op(call, "relax.quantize") or str(call.args[0].ty.dtype) != "float32":
+            return call
+        qdtype = str(call.ty.dtype)
+        params = [constant_value(self, arg) for arg in call.args[1:]]
+        if qdtype not in _QUANTIZED or any(p is None or p.size != 1 for p in params):
+            return call
+        scale, zero = (p.reshape(()) for p in params)
+        qmin, qmax = _QUANTIZED[qdtype]
+        bb = self.builder_
+        steps = bb.emit(relax.op.round(relax.op.divide(call.args[0],
+                                                       relax.const(np.float32(scale)))))
+        shifted = bb.emit(relax.op.add(steps, relax.const(np.float32(zero))))
+        low = bb.emit(relax.op.maximum(shifted, relax.const(qmin, "float32")))
+        high = bb.emit(relax.op.minimum(low, relax.const(qmax, "float32")))
+        return relax.op.astype(high, qdtype)
+
+
 _QUANTIZED = {"uint8": (0, 255), "int8": (-128, 127), "uint16": (0, 65535),
               "int16": (-32768, 32767)}
 _BINARY = frozenset({"relax.add", "relax.subtract", "relax.multiply", "relax.divide",

@@ -12,7 +12,10 @@ activation's 8-bit range) and the constant weight, the largest partial sum of ou
 
 bit for bit, and the convolution runs on the fp32 engine (direct, im2col or depthwise kernels
 of ``passes/conv_gemm.py``) with its scale and bias fused as the epilogue. Convolutions whose
-bound fails keep the int32 form.
+bound fails keep the int32 form, and so do the 1x1 convolutions that the integer GEMM of the
+target computes (:func:`~tvm_hybrid.passes.integer_gemm.pointwise_integer_conv`; ``ConvToGemm``
+makes them int32 matmuls on 8-bit operands): a ``vpdpbusd`` or ``vpmaddwd`` does two to four
+times the work of an fp32 FMA.
 """
 
 from __future__ import annotations
@@ -20,7 +23,10 @@ from __future__ import annotations
 import numpy as np
 import tvm
 from tvm import relax
+from tvm.target import Target
 
+from ..microkernels import has_integer_kernels
+from .integer_gemm import constant_weight, pointwise_integer_conv
 from .relax_rewrite import bound_value, constant_value, is_op, rewrite_functions
 
 #: Every integer of magnitude up to this is exactly representable in float32.
@@ -30,14 +36,28 @@ _RANGES = {"uint8": (0, 255), "int8": (-128, 127), "uint16": (0, 65535), "int16"
 
 @tvm.transform.module_pass(opt_level=0, name="IntegerConvToFloat")
 class IntegerConvToFloat:
-    """Rewrite exactly representable integer convolutions to fp32 (see the module doc)."""
+    """Rewrite exactly representable integer convolutions to fp32 (see the module doc).
+
+    Parameters
+    ----------
+    target
+        The CPU: its integer GEMM keeps the 1x1 convolutions it takes. None converts every
+        exact convolution.
+    """
+
+    def __init__(self, target: Target | None = None):
+        self.target = target
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        return rewrite_functions(mod, _Rewriter(mod), eliminate_dead_code=True)
+        return rewrite_functions(mod, _Rewriter(mod, self.target), eliminate_dead_code=True)
 
 
 @relax.expr_functor.mutator
 class _Rewriter(relax.PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, target: Target | None):
+        super().__init__(mod)
+        self.target = target if target is not None and has_integer_kernels(target) else None
+
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = self.visit_expr_post_order(call)
         if not is_op(call, "relax.astype") or str(call.ty.dtype) != "float32":
@@ -45,10 +65,14 @@ class _Rewriter(relax.PyExprMutator):
         conv = bound_value(self, call.args[0])
         if not is_op(conv, "relax.nn.conv2d") or str(conv.ty.dtype) != "int32":
             return call
+        if self.target is not None and pointwise_integer_conv(self, conv, self.target):
+            return call
         x, weight = conv.args
-        w = constant_value(self, weight)
+        w = constant_weight(self, weight)
         bounds = self.interval(x)
-        if w is None or bounds is None or w.ndim != 4 or str(conv.attrs.kernel_layout) != "OIHW":
+        # (O first: the sums per output channel below; OHWI after ConvToGemm's layout change)
+        if w is None or bounds is None or w.ndim != 4 or \
+                str(conv.attrs.kernel_layout) not in ("OIHW", "OHWI"):
             return call
         reach = max(abs(bounds[0]), abs(bounds[1]))
         if reach * float(np.abs(w.astype(np.int64)).reshape(w.shape[0], -1).sum(1).max()) \
@@ -64,11 +88,14 @@ class _Rewriter(relax.PyExprMutator):
 
     def interval(self, expr: relax.Expr) -> tuple[int, int] | None:
         """Bounds ``(lo, hi)`` of the integer tensor ``expr``'s values, or None if unknown:
-        casts of 8/16-bit tensors, integer constants, their sums and differences."""
+        casts of 8/16-bit tensors, integer constants, their sums and differences, and their
+        transposes."""
         value = constant_value(self, expr)
         if value is not None and value.size and np.issubdtype(value.dtype, np.integer):
             return int(value.min()), int(value.max())
         expr = bound_value(self, expr)
+        if is_op(expr, "relax.permute_dims"):  # a layout change keeps the values
+            return self.interval(expr.args[0])
         if is_op(expr, "relax.astype"):
             source = str(expr.args[0].ty.dtype)
             if source in _RANGES:

@@ -60,31 +60,22 @@ def emit_int8_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
     See the module docstring for the two forms.
     """
     x_ty = x.ty
-    k, n = w32.shape
-    m = int(x_ty.shape.values[-2])
-    dtype = integer_gemm_dtype(target, int(w32.min(initial=0)), int(w32.max(initial=0)),
-                               weight_pair_sum(w32))
+    signed = str(x_ty.dtype) == "int8"
+    dtype = integer_gemm_plan(target, int(x_ty.shape.values[-2]), w32, zero_point, signed)
     if dtype == "int16":
         return _emit_s16_gemm(builder, target, x, zero_point, w32)
-    if dtype is None or weight_layout(target, "uint8", m, n, k) is None:
+    if dtype is None:
         return None
-    signed = str(x_ty.dtype) == "int8"
     colsum = w32.astype(np.int64).sum(axis=0)
     runtime_zp = None
     if isinstance(zero_point, relax.Expr):
-        # |zp_u| <= 255 + 128: the compensation must fit int32 for any zero point.
-        if 383 * np.abs(colsum).max(initial=0) >= 2**31:
-            return None
         runtime_zp = zero_point
         if signed:
             runtime_zp = relax.op.add(runtime_zp, relax.const(128, "int32"))
         runtime_zp = builder.emit(runtime_zp)
         compensation = colsum
     else:
-        zero_point += 128 if signed else 0
-        compensation = zero_point * colsum
-        if np.abs(compensation).max(initial=0) >= 2**31:
-            return None
+        compensation = (zero_point + (128 if signed else 0)) * colsum
     if signed:  # VNNI takes unsigned A
         shifted = relax.op.add(relax.op.astype(x, "int32"), relax.const(128, "int32"))
         x = builder.emit(relax.op.astype(shifted, "uint8"))
@@ -93,15 +84,30 @@ def emit_int8_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
         compensation=compensation.astype(np.int32), zero_point=runtime_zp))
 
 
+def integer_gemm_plan(target: Target, m: int, w32: np.ndarray, zero_point: int | relax.Expr,
+                      signed: bool) -> str | None:
+    """The operand dtype :func:`emit_int8_gemm` computes ``(x - zero_point) @ w32`` in
+    (``"uint8"`` or ``"int16"``) for ``m`` rows of ``u8`` (``signed``: ``s8``) data; None when
+    it cannot (no kernel for these weights or this shape, or a compensation beyond int32)."""
+    k, n = w32.shape
+    dtype = integer_gemm_dtype(target, int(w32.min(initial=0)), int(w32.max(initial=0)),
+                               weight_pair_sum(w32))
+    if dtype == "int16":
+        if np.abs(w32).max(initial=0) > 2**15 - 1:
+            return None
+        return dtype if weight_layout(target, "int16", m, n, k) is not None else None
+    if dtype is None or weight_layout(target, "uint8", m, n, k) is None:
+        return None
+    colsum = np.abs(w32.astype(np.int64).sum(axis=0)).max(initial=0)
+    if isinstance(zero_point, relax.Expr):
+        # |zp_u| <= 255 + 128: the compensation must fit int32 for any zero point.
+        return dtype if 383 * colsum < 2**31 else None
+    return dtype if abs(zero_point + (128 if signed else 0)) * colsum < 2**31 else None
+
+
 def _emit_s16_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
                    zero_point: int | relax.Expr, w32: np.ndarray) -> relax.Expr | None:
     """``(x - zero_point) @ w32`` on s16 operands (the AVX2 integer GEMM)."""
-    x_ty = x.ty
-    k, n = w32.shape
-    if np.abs(w32).max(initial=0) > 2**15 - 1:
-        return None
-    if weight_layout(target, "int16", int(x_ty.shape.values[-2]), n, k) is None:
-        return None
     x16 = relax.op.astype(x, "int16")
     if isinstance(zero_point, relax.Expr):
         x16 = relax.op.subtract(x16, relax.op.astype(zero_point, "int16"))
@@ -160,6 +166,11 @@ class IntegerGemmToVNNI(TargetPass):
     mutator = _Rewriter
     needs = staticmethod(has_integer_kernels)
 
+    def transform_module(self, mod: tvm.IRModule, ctx) -> tvm.IRModule:
+        # A rewritten matmul's binding becomes an alias of the GEMM's variable; FuseOps does
+        # not fuse the epilogue across such an alias, so aliases are resolved here.
+        return relax.transform.CanonicalizeBindings()(super().transform_module(mod, ctx))
+
 
 def _is_runtime_scalar(expr: relax.Expr) -> bool:
     """A one-element int32 tensor (a zero point computed at run time)."""
@@ -171,3 +182,75 @@ def _is_runtime_scalar(expr: relax.Expr) -> bool:
 
 def _scalar(expr: relax.Expr) -> relax.Expr:
     return expr if expr.ty.ndim == 0 else relax.op.reshape(expr, ())
+
+
+def pointwise_integer_conv(mutator: relax.PyExprMutator, call: relax.Call, target: Target):
+    """The operands of an int32 1x1 convolution that the integer GEMM computes, else None.
+
+    ``call`` is ``conv2d(astype(x8, int32) - zp, W32)`` (``zp`` a constant or a run-time
+    scalar, as ``ConvInteger`` and the QDQ rewrite of ``passes/qdq.py`` write it; ``x8`` an 8-bit
+    tensor, possibly permuted to the convolution's layout) with a constant int32 weight, one
+    group, unit strides, no padding, in NCHW/OIHW or NHWC/OHWI, whose GEMM
+    (:func:`integer_gemm_plan`) a kernel of ``target`` takes. Returns
+    ``(x8, permutation or None, zp expression or None, W32 as [C, O], layout)``.
+    ``IntegerConvToFloat`` leaves these to ``ConvToGemm``, which rewrites them to the int32
+    matmul this pass then takes.
+    """
+    if not is_op(call, "relax.nn.conv2d") or str(call.ty.dtype) != "int32":
+        return None
+    attrs = call.attrs
+    layout = str(attrs.data_layout)
+    if (int(attrs.groups) != 1 or any(int(s) != 1 for s in attrs.strides)
+            or any(int(p) for p in attrs.padding)
+            or (layout, str(attrs.kernel_layout)) not in (("NCHW", "OIHW"), ("NHWC", "OHWI"))
+            or str(attrs.out_layout) not in ("", layout)):
+        return None
+    w = constant_weight(mutator, call.args[1])
+    if w is None or w.dtype != np.int32 or w.ndim != 4:
+        return None
+    taps = w.shape[2:] if layout == "NCHW" else w.shape[1:3]
+    if tuple(taps) != (1, 1):
+        return None
+    w32 = w[:, :, 0, 0] if layout == "NCHW" else w[:, 0, 0, :]
+    if w32.min(initial=0) < -(2**15) or w32.max(initial=0) >= 2**15:
+        return None
+    w32 = np.ascontiguousarray(w32.T)
+    x = bound_value(mutator, call.args[0])
+    permutation = None
+    if is_op(x, "relax.permute_dims") and x.attrs.axes is not None:
+        permutation = [int(a) for a in x.attrs.axes]
+        x = bound_value(mutator, x.args[0])
+    zp_expr, zero_point = None, 0
+    if is_op(x, "relax.subtract"):
+        zp_expr = x.args[1]
+        zp = constant_value(mutator, zp_expr)
+        if zp is not None and zp.size == 1:
+            zero_point = int(zp.reshape(()))
+        elif zp is None and _is_runtime_scalar(zp_expr):
+            zero_point = zp_expr
+        else:
+            return None
+        x = bound_value(mutator, x.args[0])
+    if not is_op(x, "relax.astype") or str(x.ty.dtype) != "int32":
+        return None
+    x8 = x.args[0]
+    if not is_static_tensor(x8.ty, ("uint8", "int8"), min_ndim=4):
+        return None
+    shape = [int(d) for d in call.ty.shape.values]
+    rows = int(np.prod(shape)) // w32.shape[1]
+    if integer_gemm_plan(target, rows, w32, zero_point, str(x8.ty.dtype) == "int8") is None:
+        return None
+    return x8, permutation, zp_expr, w32, layout
+
+
+def constant_weight(mutator: relax.PyExprMutator, weight: relax.Expr) -> np.ndarray | None:
+    """A convolution's constant weight, also through the transpose that ``ConvertLayout``
+    puts on an unfolded ``W - w_zp`` (TVM's FoldConstant leaves the zero point's cast)."""
+    value = constant_value(mutator, weight)
+    if value is not None:
+        return value
+    expr = bound_value(mutator, weight)
+    if not is_op(expr, "relax.permute_dims") or expr.attrs.axes is None:
+        return None
+    value = constant_value(mutator, expr.args[0])
+    return None if value is None else value.transpose([int(a) for a in expr.attrs.axes])

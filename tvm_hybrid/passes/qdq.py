@@ -36,7 +36,7 @@ from tvm.target import Target
 
 from ..microkernels import has_integer_kernels
 from . import relax_rewrite
-from .integer_gemm import emit_int8_gemm
+from .integer_gemm import emit_int8_gemm, pointwise_integer_conv
 from .relax_rewrite import TargetMutator, TargetPass, bound_value, constant_value, is_op
 
 REQUANTIZE = "hybrid_requantize"
@@ -115,7 +115,50 @@ class _Rewriter(TargetMutator):
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = self.visit_expr_post_order(call)
         return relax_rewrite.rewrite_by_op(call, {"relax.matmul": self._gemm,
+                                                  "relax.nn.conv2d": self._conv,
                                                   "relax.quantize": self._requantize})
+
+    # -- step 1 for 1x1 convolutions -------------------------------------------------------------
+    def _conv(self, call: relax.Call):
+        """``conv2d(dequantize(xq), dequantize(Wq))``, 1x1 in NCHW, to the int32 convolution
+        ``conv2d(astype(xq, int32) - zx, W32)`` times ``sx * sw`` per output channel, where
+        the integer GEMM takes it (``pointwise_integer_conv``: ``ConvToGemm`` makes it one);
+        other convolutions keep the float path (their weights fold to fp32)."""
+        lhs, rhs = (bound_value(self, a) for a in call.args)
+        attrs = call.attrs
+        if not (is_op(lhs, "relax.dequantize") and is_op(rhs, "relax.dequantize")
+                and str(attrs.data_layout) == "NCHW" and str(attrs.kernel_layout) == "OIHW"
+                and str(attrs.out_layout) in ("", "NCHW")):
+            return None
+        xq = lhs.args[0]
+        if not relax_rewrite.is_static_tensor(xq.ty, ("uint8", "int8"), min_ndim=4):
+            return None
+        sx, zx = constant_value(self, lhs.args[1]), constant_value(self, lhs.args[2])
+        wq, sw, zw = (constant_value(self, a) for a in rhs.args)
+        if any(v is None for v in (sx, zx, wq, sw, zw)) or sx.size != 1 or zx.size != 1:
+            return None
+        if wq.ndim != 4 or wq.dtype not in (np.int8, np.uint8):
+            return None
+        o = wq.shape[0]
+        if (sw.size not in (1, o) or zw.size not in (1, o)
+                or (max(sw.size, zw.size) == o > 1 and int(rhs.attrs.axis) % 4 != 0)):
+            return None
+        w32 = (wq.astype(np.int64) - zw.reshape(-1, 1, 1, 1).astype(np.int64)).astype(np.int32)
+        bb = self.builder_
+        x32 = relax.op.astype(xq, "int32")
+        if int(zx.reshape(())):
+            x32 = relax.op.subtract(bb.emit(x32), relax.const(int(zx.reshape(())), "int32"))
+        conv = relax.op.nn.conv2d(
+            bb.emit(x32), relax.const(w32), strides=attrs.strides, padding=attrs.padding,
+            dilation=attrs.dilation, groups=attrs.groups, data_layout="NCHW",
+            kernel_layout="OIHW", out_dtype="int32")
+        conv = bb.normalize(conv)
+        if pointwise_integer_conv(self, conv, self.target) is None:
+            return None
+        scale = (np.float32(sx.reshape(())) * np.broadcast_to(sw.reshape(-1), (o,))).astype(
+            np.float32)
+        return relax.op.multiply(relax.op.astype(bb.emit(conv), "float32"),
+                                 relax.const(scale.reshape(1, o, 1, 1)))
 
     # -- step 1 ----------------------------------------------------------------------------------
     def _gemm(self, call: relax.Call):

@@ -31,7 +31,9 @@ from .relax_rewrite import bound_value, constant_value, is_op, is_static_tensor,
 #: Elementwise ops a reshape moves past.
 UNARY = frozenset({"relax.sigmoid", "relax.tanh", "relax.nn.relu", "relax.nn.silu",
                    "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.leakyrelu", "relax.clip",
-                   "relax.erf", "relax.exp", "relax.round", "relax.negative"})
+                   "relax.erf", "relax.exp", "relax.round", "relax.negative",
+                   # an integer GEMM's accumulator to float (a quantized 1x1 convolution)
+                   "relax.astype"})
 BINARY = frozenset({"relax.add", "relax.subtract", "relax.multiply", "relax.divide",
                     "relax.maximum", "relax.minimum"})
 #: How far back through moved elementwise ops a reshape's source is traced to its GEMM.
@@ -74,7 +76,7 @@ class _Sinker(relax.PyExprMutator):
         if not is_op(value, "relax.reshape"):
             return None
         source = value.args[0]
-        if not is_static_tensor(source.ty, ("float32",), min_ndim=1):
+        if not is_static_tensor(source.ty, ("float32", "int32"), min_ndim=1):
             return None
         return source if self._from_gemm(source, _MAX_DEPTH) else None
 
