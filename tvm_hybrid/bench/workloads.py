@@ -102,11 +102,14 @@ def gemm(m: int, n: int, k: int, *, seed: int = 0) -> Workload:
     return Workload(f"gemm{m}x{n}x{k}", proto, {"a": data}, 2.0 * m * n * k)
 
 
-def _activation_qparams(g: _Graph, values: np.ndarray) -> tuple[str, str]:
+def _activation_qparams(g: _Graph, values: np.ndarray, pow2: bool = False) -> tuple[str, str]:
     """Constants of the per-tensor asymmetric ``u8`` quantization calibrated on ``values``
-    (their range, widened to hold 0): the scale's and the zero point's names."""
+    (their range, widened to hold 0; ``pow2``: the scale rounded up to a power of two): the
+    scale's and the zero point's names."""
     low, high = min(float(values.min()), 0.0), max(float(values.max()), 0.0)
     scale = np.float32(max(high - low, 1e-6) / 255)
+    if pow2:
+        scale = np.float32(2.0 ** np.ceil(np.log2(scale)))
     zero = np.uint8(np.clip(round(-low / float(scale)), 0, 255))
     return g.const(np.array(scale, np.float32), "s"), g.const(np.array(zero), "z")
 
@@ -211,41 +214,68 @@ def _hardswish(v: np.ndarray) -> np.ndarray:
 _ACTIVATIONS = {"Relu": lambda v: np.maximum(v, 0), "HardSwish": _hardswish}
 
 
-def qdq_pointwise_convs(channels: tuple[int, ...] = (16, 64, 24), size: tuple[int, int] = (28, 28),
-                        *, activation: str = "HardSwish", seed: int = 0) -> Workload:
-    """A chain of 1x1 convolutions (MobileNet's pointwise layers) as an ONNX QDQ model: u8
-    activations (per-tensor, calibrated on the workload's input), s8 weights (per output
-    channel, symmetric), fp32 bias, ``activation`` after each convolution, then quantized.
-    :func:`qdq_pointwise_reference` computes it."""
+def _conv_nchw(x: np.ndarray, w: np.ndarray, stride: int, pad: int) -> np.ndarray:
+    """``x[N, C, H, W]`` convolved with ``w[O, C, KH, KW]``, zero padding, in the dtype of
+    ``x * w`` (exact in int64)."""
+    kh, kw = w.shape[2:]
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    oh = (xp.shape[2] - kh) // stride + 1
+    ow = (xp.shape[3] - kw) // stride + 1
+    out = 0
+    for i in range(kh):
+        for j in range(kw):
+            patch = xp[:, :, i:i + stride * oh:stride, j:j + stride * ow:stride]
+            out = out + np.einsum("nchw,oc->nohw", patch, w[:, :, i, j])
+    return out
+
+
+def qdq_convs(channels: tuple[int, ...] = (16, 64, 24), size: tuple[int, int] = (28, 28), *,
+              kernels: tuple[int, ...] | None = None, strides: tuple[int, ...] | None = None,
+              activation: str = "HardSwish", pow2_scales: bool = False,
+              seed: int = 0) -> Workload:
+    """A chain of convolutions as an ONNX QDQ model: u8 activations (per-tensor, calibrated on
+    the workload's input), s8 weights (per output channel, symmetric), fp32 bias,
+    ``activation`` after each convolution, then quantized. ``kernels`` (default all 1:
+    MobileNet's pointwise layers) and ``strides`` (default 1) per layer; ``k x k`` kernels
+    are padded by ``k // 2``. :func:`qdq_conv_reference` computes it. ``pow2_scales``: every
+    scale a power of two and no bias, so that with ReLU the float epilogue is exact (however
+    it is contracted or ordered) and outputs must match the reference bit for bit."""
+    layers = len(channels) - 1
+    kernels = kernels or (1,) * layers
+    strides = strides or (1,) * layers
     g = _Graph(seed)
     x = np.random.default_rng(seed + 1).standard_normal((1, channels[0], *size)).astype("float32")
-    scale, zero = _activation_qparams(g, x)
+    scale, zero = _activation_qparams(g, x, pow2_scales)
     cur = g.op("DequantizeLinear", g.op("QuantizeLinear", "x", scale, zero), scale, zero)
     value, flops = x, 0.0
-    for c, o in zip(channels[:-1], channels[1:]):
-        w = g.rng.uniform(-1, 1, (o, c, 1, 1)).astype(np.float32) / math.sqrt(c)
+    for c, o, k, stride in zip(channels[:-1], channels[1:], kernels, strides):
+        w = g.rng.uniform(-1, 1, (o, c, k, k)).astype(np.float32) / math.sqrt(c * k * k)
         w_scale = (np.abs(w).reshape(o, -1).max(axis=1) / 127).astype(np.float32)
+        if pow2_scales:
+            w_scale = (2.0 ** np.ceil(np.log2(w_scale))).astype(np.float32)
         w_q = np.clip(np.round(w / w_scale.reshape(-1, 1, 1, 1)), -127, 127).astype(np.int8)
-        bias = g.rng.uniform(-0.5, 0.5, o).astype(np.float32)
+        bias = g.rng.uniform(-0.5, 0.5, o).astype(np.float32) * (not pow2_scales)
         w_dq = g.op("DequantizeLinear", g.const(w_q, "wq"), g.const(w_scale, "ws"),
                     g.const(np.zeros(o, np.int8), "wz"), axis=0)
-        cur = g.op(activation, g.op("Conv", cur, w_dq, g.const(bias, "b")))
-        value = np.einsum("nchw,oc->nohw", value, w[:, :, 0, 0]) + bias.reshape(1, -1, 1, 1)
+        conv = g.op("Conv", cur, w_dq, g.const(bias, "b"), pads=[k // 2] * 4,
+                    strides=[stride, stride])
+        cur = g.op(activation, conv)
+        value = _conv_nchw(value, w, stride, k // 2) + bias.reshape(1, -1, 1, 1)
         value = _ACTIVATIONS[activation](value)
-        flops += 2.0 * c * o * size[0] * size[1]
-        scale, zero = _activation_qparams(g, value)
+        flops += 2.0 * c * k * k * value.size
+        scale, zero = _activation_qparams(g, value, pow2_scales)
         cur = g.op("DequantizeLinear", g.op("QuantizeLinear", cur, scale, zero), scale, zero)
     out = g.op("Identity", cur)
-    proto = g.model("qdq_pointwise", [_value("x", x.shape)],
-                    [_value(out, (1, channels[-1], *size))])
-    return Workload(f"qdq_pointwise_{'x'.join(map(str, channels))}_{activation.lower()}", proto,
-                    {"x": x}, flops)
+    proto = g.model("qdq_convs", [_value("x", x.shape)], [_value(out, value.shape)])
+    name = "x".join(map(str, channels)) + "_k" + "".join(map(str, kernels))
+    name += "_pow2" if pow2_scales else ""
+    return Workload(f"qdq_convs_{name}_{activation.lower()}", proto, {"x": x}, flops)
 
 
-def qdq_pointwise_reference(wl: Workload) -> np.ndarray:
-    """A :func:`qdq_pointwise_convs` model in numpy: each convolution's integer accumulator
-    exact (int64), then ``acc * (sx * sw) + bias``, the activation and the quantization in fp32
-    (round half to even, saturate), as ONNX defines them."""
+def qdq_conv_reference(wl: Workload) -> np.ndarray:
+    """A :func:`qdq_convs` model in numpy: each convolution's integer accumulator exact
+    (int64, padding with the zero point), then ``acc * (sx * sw) + bias``, the activation and
+    the quantization in fp32 (round half to even, saturate), as ONNX defines them."""
     inits = {t.name: numpy_helper.to_array(t) for t in wl.model.graph.initializer}
     values: dict[str, np.ndarray] = {"x": wl.inputs["x"]}
     quantized: dict[str, tuple] = {}
@@ -264,8 +294,9 @@ def qdq_pointwise_reference(wl: Workload) -> np.ndarray:
             q, sx, zx = quantized[ins[0]]
             w_node = next(n for n in wl.model.graph.node if n.output[0] == ins[1])
             wq, ws = inits[w_node.input[0]], inits[w_node.input[1]]
-            acc = np.einsum("nchw,oc->nohw", q.astype(np.int64) - int(zx),
-                            wq[:, :, 0, 0].astype(np.int64))
+            attrs = {a.name: list(a.ints) for a in node.attribute}
+            acc = _conv_nchw(q.astype(np.int64) - int(zx), wq.astype(np.int64),
+                             attrs["strides"][0], attrs["pads"][0])
             scale = (np.float32(sx) * ws).astype(np.float32).reshape(1, -1, 1, 1)
             values[node.output[0]] = (acc.astype(np.float32) * scale
                                       + inits[ins[2]].reshape(1, -1, 1, 1))
@@ -274,7 +305,6 @@ def qdq_pointwise_reference(wl: Workload) -> np.ndarray:
         elif node.op_type == "Identity":
             values[node.output[0]] = values[ins[0]]
     return values[wl.model.graph.output[0].name]
-
 
 def matmul_integer(m: int, n: int, k: int, *, activations: str = "uint8", zero_point: int = 0,
                    weight_zero_point: int | None = None, weight_range=(-128, 128),

@@ -24,13 +24,17 @@ OUT_ELEMWISE_FUSABLE = 4
 
 def im2col(x_shape: tuple[int, int, int, int], kernel: tuple[int, int],
            strides: tuple[int, int], padding: tuple[int, int, int, int],
-           dilation: tuple[int, int], out_hw: tuple[int, int]) -> tirx.PrimFunc:
-    """The PrimFunc ``x[N, H, W, C]`` to ``X_col[N * OH * OW, KH * KW * C]`` (zero in the
-    padding).
+           dilation: tuple[int, int], out_hw: tuple[int, int], dtype: str = "float32",
+           fill: float | int = 0, extra_columns: int = 0) -> tirx.PrimFunc:
+    """The PrimFunc ``x[N, H, W, C]`` to ``X_col[N * OH * OW, KH * KW * C]`` (``fill``, zero
+    by default, in the padding).
 
     Channels are innermost on both sides, so each row is ``KH * KW`` contiguous copies of
     ``C`` values: scheduled here, parallel over rows, the source pixel computed once per tap
-    and copied along ``c`` (vectorised), not once per element with divisions.
+    and copied along ``c`` (vectorised), not once per element with divisions. An integer
+    convolution's 8-bit data is padded with its zero point (``fill``), and its rows get
+    ``extra_columns`` more of it, so ``K`` is a whole number of the integer kernel's groups
+    (times zero rows of the weight).
     """
     n, h, w, c = x_shape
     kh, kw = kernel
@@ -38,16 +42,17 @@ def im2col(x_shape: tuple[int, int, int, int], kernel: tuple[int, int],
     sh, sw = strides
     dh, dw = dilation
     top, left = padding[0], padding[1]
-    zero = tirx.const(0.0, "float32")
+    zero = tirx.const(fill, dtype)
+    k = kh * kw * c
 
     @T.prim_func(private=True, s_tir=True)
-    def func(x: T.Buffer((n, h, w, c), "float32"),
-             cols: T.Buffer((n * oh * ow, kh * kw * c), "float32")):
+    def func(x: T.Buffer((n, h, w, c), dtype),
+             cols: T.Buffer((n * oh * ow, k + extra_columns), dtype)):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True,
                      "op_pattern": OUT_ELEMWISE_FUSABLE})
         with T.sblock("root"):
             T.reads(x[0:n, 0:h, 0:w, 0:c])
-            T.writes(cols[0:n * oh * ow, 0:kh * kw * c])
+            T.writes(cols[0:n * oh * ow, 0:k + extra_columns])
             for row in T.parallel(n * oh * ow):
                 for ky, kx in T.grid(kh, kw):
                     if ((row // ow) % oh * sh + ky * dh >= top
@@ -61,6 +66,8 @@ def im2col(x_shape: tuple[int, int, int, int], kernel: tuple[int, int],
                     else:
                         for ch in T.vectorized(c):
                             cols[row, (ky * kw + kx) * c + ch] = zero
+                for e in T.serial(extra_columns):
+                    cols[row, k + e] = zero
 
     return func
 

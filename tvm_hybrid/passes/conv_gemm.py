@@ -52,7 +52,7 @@ from .conv_computes import (
 )
 from .conv_layout import Conv1dAs2d, ElementwiseQuantize, LayoutFriendly, fp32_operands
 from .integer_conv import IntegerConvToFloat
-from .integer_gemm import pointwise_integer_conv
+from .integer_gemm import integer_conv_gemm
 from .relax_rewrite import (
     TargetMutator,
     is_op,
@@ -225,7 +225,7 @@ class _Rewriter(TargetMutator):
         if layouts not in (_NHWC, _NCHW):
             return None
         if str(call.ty.dtype) == "int32":
-            return self._integer_pointwise(call)
+            return self._integer(call)
         operands = fp32_operands(self, call, ndim=4)
         if operands is None:
             return None
@@ -253,28 +253,43 @@ class _Rewriter(TargetMutator):
             y = relax.op.permute_dims(bb.emit(y), [0, 3, 1, 2])
         return y
 
-    def _integer_pointwise(self, call: relax.Call) -> relax.Expr | None:
-        """An int32 1x1 convolution of 8-bit data the integer GEMM takes
-        (:func:`~tvm_hybrid.passes.integer_gemm.pointwise_integer_conv`) as the int32 matmul
-        ``(astype(x8, int32) - zp) @ W32`` of its NHWC pixels, which ``IntegerGemmToVNNI``
-        puts on the integer microkernels."""
-        operands = pointwise_integer_conv(self, call, self.target)
-        if operands is None:
+    def _integer(self, call: relax.Call) -> relax.Expr | None:
+        """An int32 convolution of 8-bit data the integer GEMM takes
+        (:func:`~tvm_hybrid.passes.integer_gemm.integer_conv_gemm`) as the int32 matmul
+        ``(astype(X8, int32) - zp) @ W32`` of its NHWC pixels (1x1) or of their im2col
+        (padded with the zero point), which ``IntegerGemmToVNNI`` puts on the integer
+        microkernels."""
+        conv = integer_conv_gemm(self, call, self.target)
+        if conv is None:
             return None
-        x8, permutation, zp, w32, layout = operands
         bb = self.builder_
-        if permutation is not None:
-            x8 = bb.emit(relax.op.permute_dims(x8, permutation))
-        if layout == "NCHW":
+        x8 = conv.x8
+        if conv.permutation is not None:
+            x8 = bb.emit(relax.op.permute_dims(x8, conv.permutation))
+        if conv.layout == "NCHW":
             x8 = bb.emit(relax.op.permute_dims(x8, [0, 2, 3, 1]))
         n, h, wd, c = (int(d) for d in x8.ty.shape.values)
-        cols = relax.op.astype(bb.emit(relax.op.reshape(x8, (n * h * wd, c))), "int32")
-        if zp is not None:
-            cols = relax.op.subtract(bb.emit(cols), zp)
-        y = bb.emit(relax.op.matmul(bb.emit(cols), relax.const(w32.astype(np.int32)),
+        out = [int(d) for d in call.ty.shape.values]
+        oh, ow = out[1:3] if conv.layout == "NHWC" else out[2:]
+        k, o = conv.w32.shape
+        if conv.pointwise:
+            rows = bb.emit(relax.op.reshape(x8, (n * h * wd, c)))
+        else:
+            attrs = call.attrs
+            w_shape = [int(d) for d in call.args[1].ty.shape.values]
+            kh, kw = w_shape[2:] if conv.layout == "NCHW" else w_shape[1:3]
+            func = im2col((n, h, wd, c), (kh, kw), _pair(attrs.strides), _four(attrs.padding),
+                          _pair(attrs.dilation), (oh, ow), dtype=str(x8.ty.dtype),
+                          fill=conv.zero_point, extra_columns=conv.extra_columns)
+            rows = bb.emit(relax.call_tir(bb.add_func(func, IM2COL), [x8], relax.TensorType(
+                (n * oh * ow, k), str(x8.ty.dtype))))
+        cols = relax.op.astype(rows, "int32")
+        if conv.zp_expr is not None:
+            cols = relax.op.subtract(bb.emit(cols), conv.zp_expr)
+        y = bb.emit(relax.op.matmul(bb.emit(cols), relax.const(conv.w32.astype(np.int32)),
                                     out_dtype="int32"))
-        y = relax.op.reshape(y, (n, h, wd, w32.shape[1]))
-        return relax.op.permute_dims(bb.emit(y), [0, 3, 1, 2]) if layout == "NCHW" else y
+        y = relax.op.reshape(y, (n, oh, ow, o))
+        return relax.op.permute_dims(bb.emit(y), [0, 3, 1, 2]) if conv.layout == "NCHW" else y
 
     def _gemm(self, x: relax.Expr, w: np.ndarray, out_shape: list[int], attrs) -> relax.Expr:
         """The NHWC convolution of ``x`` by the OHWI constant ``w`` as im2col + GEMM."""

@@ -12,10 +12,10 @@ activation's 8-bit range) and the constant weight, the largest partial sum of ou
 
 bit for bit, and the convolution runs on the fp32 engine (direct, im2col or depthwise kernels
 of ``passes/conv_gemm.py``) with its scale and bias fused as the epilogue. Convolutions whose
-bound fails keep the int32 form, and so do the 1x1 convolutions that the integer GEMM of the
-target computes (:func:`~tvm_hybrid.passes.integer_gemm.pointwise_integer_conv`; ``ConvToGemm``
-makes them int32 matmuls on 8-bit operands): a ``vpdpbusd`` or ``vpmaddwd`` does two to four
-times the work of an fp32 FMA.
+bound fails keep the int32 form, and so do the convolutions that the integer GEMM of the
+target computes (:func:`~tvm_hybrid.passes.integer_gemm.integer_conv_gemm`: 1x1 ones on any
+integer kernel, others on VNNI or AMX; ``ConvToGemm`` makes them int32 matmuls on 8-bit
+operands): a ``vpdpbusd`` does four times the work of an fp32 FMA, a ``vpmaddwd`` two.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from tvm import relax
 from tvm.target import Target
 
 from ..microkernels import has_integer_kernels
-from .integer_gemm import constant_weight, pointwise_integer_conv
+from .integer_gemm import constant_weight, integer_conv_gemm
 from .relax_rewrite import bound_value, constant_value, is_op, rewrite_functions
 
 #: Every integer of magnitude up to this is exactly representable in float32.
@@ -65,7 +65,7 @@ class _Rewriter(relax.PyExprMutator):
         conv = bound_value(self, call.args[0])
         if not is_op(conv, "relax.nn.conv2d") or str(conv.ty.dtype) != "int32":
             return call
-        if self.target is not None and pointwise_integer_conv(self, conv, self.target):
+        if self.target is not None and integer_conv_gemm(self, conv, self.target):
             return call
         x, weight = conv.args
         w = constant_weight(self, weight)

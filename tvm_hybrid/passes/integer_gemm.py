@@ -31,12 +31,19 @@ Non-constant weights and weights that fit no kernel keep TVM's int32 matmul.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import tvm
 from tvm import relax
 from tvm.target import Target
 
-from ..microkernels import has_integer_kernels, integer_gemm_dtype, weight_pair_sum
+from ..microkernels import (
+    best_vector_family,
+    has_integer_kernels,
+    integer_gemm_dtype,
+    weight_pair_sum,
+)
 from ..schedules.gemm.heuristics import weight_layout
 from .packed_gemm import emit_packed_gemm
 from .relax_rewrite import (
@@ -50,13 +57,16 @@ from .relax_rewrite import (
 
 
 def emit_int8_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
-                   zero_point: int | relax.Expr, w32: np.ndarray) -> relax.Expr | None:
+                   zero_point: int | relax.Expr, w32: np.ndarray,
+                   pad_rows: bool = True) -> relax.Expr | None:
     """Emit ``(x - zero_point) @ w32`` (int32) as an integer GEMM; None if it cannot be.
 
     ``x`` is a static ``u8``/``s8`` tensor ``[..., M, K]``; ``w32`` holds the (zero-point
     adjusted) integer weights. ``zero_point`` is a constant, or a 0-d int32 Relax expression
     known only at run time (dynamic quantization: ``DynamicQuantizeLinear``); then the
     compensation ``zp * colsum(W)`` is computed in the kernel from the constant ``colsum(W)``.
+    ``pad_rows=False`` when ``x`` is a hand-written kernel's output (im2col's), which the u8
+    GEMM reads as it is (``packed_gemm.emit_packed_gemm``).
     See the module docstring for the two forms.
     """
     x_ty = x.ty
@@ -81,7 +91,8 @@ def emit_int8_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
         x = builder.emit(relax.op.astype(shifted, "uint8"))
     return builder.emit(emit_packed_gemm(
         builder, target, x, w32, weight_dtype=np.int8, acc_dtype="int32", out_dtype="int32",
-        compensation=compensation.astype(np.int32), zero_point=runtime_zp))
+        compensation=compensation.astype(np.int32), zero_point=runtime_zp,
+        pad_rows=pad_rows or signed))
 
 
 def integer_gemm_plan(target: Target, m: int, w32: np.ndarray, zero_point: int | relax.Expr,
@@ -128,7 +139,9 @@ class _Rewriter(TargetMutator):
         matched = self._match(*call.args)
         if matched is None:
             return call
-        gemm = emit_int8_gemm(self.builder_, self.target, *matched)
+        # An im2col's output (a hand-written kernel) keeps its rows, as in PrepackConstantWeights.
+        pad_rows = not is_op(bound_value(self, matched[0]), "relax.call_tir")
+        gemm = emit_int8_gemm(self.builder_, self.target, *matched, pad_rows=pad_rows)
         return call if gemm is None else gemm
 
     def _match(self, lhs: relax.Expr, weight: relax.Expr):
@@ -184,37 +197,53 @@ def _scalar(expr: relax.Expr) -> relax.Expr:
     return expr if expr.ty.ndim == 0 else relax.op.reshape(expr, ())
 
 
-def pointwise_integer_conv(mutator: relax.PyExprMutator, call: relax.Call, target: Target):
-    """The operands of an int32 1x1 convolution that the integer GEMM computes, else None.
+@dataclasses.dataclass(frozen=True)
+class IntegerConv:
+    """An int32 convolution of 8-bit data that the integer GEMM computes
+    (:func:`integer_conv_gemm`)."""
+
+    x8: relax.Expr             # the 8-bit data, before ``permutation``
+    permutation: list | None   # what ConvertLayout put between the data and the convolution
+    zp_expr: relax.Expr | None  # the zero point subtracted, as written (None: zero)
+    zero_point: int | relax.Expr  # its value, or the run-time scalar
+    w32: np.ndarray            # the weight as the GEMM's ``[K, O]``, ``K`` in (kh, kw, c) order
+    layout: str                # "NCHW" or "NHWC"
+    pointwise: bool            # 1x1, unit strides, no padding: the pixels are the GEMM's rows
+    extra_columns: int         # zero rows appended to ``w32`` (im2col writes the columns)
+
+
+def integer_conv_gemm(mutator: relax.PyExprMutator, call: relax.Call,
+                      target: Target) -> IntegerConv | None:
+    """The integer GEMM form of an int32 convolution of 8-bit data, else None.
 
     ``call`` is ``conv2d(astype(x8, int32) - zp, W32)`` (``zp`` a constant or a run-time
-    scalar, as ``ConvInteger`` and the QDQ rewrite of ``passes/qdq.py`` write it; ``x8`` an 8-bit
-    tensor, possibly permuted to the convolution's layout) with a constant int32 weight, one
-    group, unit strides, no padding, in NCHW/OIHW or NHWC/OHWI, whose GEMM
-    (:func:`integer_gemm_plan`) a kernel of ``target`` takes. Returns
-    ``(x8, permutation or None, zp expression or None, W32 as [C, O], layout)``.
+    scalar, as ``ConvInteger`` and the QDQ rewrite of ``passes/qdq.py`` write it; ``x8`` an
+    8-bit tensor, possibly permuted to the convolution's layout) with a constant int32 weight
+    and one group, in NCHW/OIHW or NHWC/OHWI, whose GEMM (:func:`integer_gemm_plan`) a kernel
+    of ``target`` takes. A 1x1 convolution with unit strides and no padding is a GEMM of its
+    pixels on any integer kernel; other convolutions are an im2col of ``x8`` (padded with the
+    zero point, so a constant one) and a GEMM on a dot-product kernel (VNNI, AMX) only: on
+    AVX2 CPUs the fp32 engine's direct convolution, which writes no im2col buffer, is as fast.
     ``IntegerConvToFloat`` leaves these to ``ConvToGemm``, which rewrites them to the int32
-    matmul this pass then takes.
+    matmul that :class:`IntegerGemmToVNNI` then takes.
     """
     if not is_op(call, "relax.nn.conv2d") or str(call.ty.dtype) != "int32":
         return None
     attrs = call.attrs
     layout = str(attrs.data_layout)
-    if (int(attrs.groups) != 1 or any(int(s) != 1 for s in attrs.strides)
-            or any(int(p) for p in attrs.padding)
+    if (int(attrs.groups) != 1
             or (layout, str(attrs.kernel_layout)) not in (("NCHW", "OIHW"), ("NHWC", "OHWI"))
             or str(attrs.out_layout) not in ("", layout)):
         return None
     w = constant_weight(mutator, call.args[1])
     if w is None or w.dtype != np.int32 or w.ndim != 4:
         return None
-    taps = w.shape[2:] if layout == "NCHW" else w.shape[1:3]
-    if tuple(taps) != (1, 1):
+    ohwi = w.transpose(0, 2, 3, 1) if layout == "NCHW" else w
+    if ohwi.min(initial=0) < -(2**15) or ohwi.max(initial=0) >= 2**15:
         return None
-    w32 = w[:, :, 0, 0] if layout == "NCHW" else w[:, 0, 0, :]
-    if w32.min(initial=0) < -(2**15) or w32.max(initial=0) >= 2**15:
-        return None
-    w32 = np.ascontiguousarray(w32.T)
+    padded = any(int(p) for p in attrs.padding)
+    pointwise = ohwi.shape[1:3] == (1, 1) and not padded and all(
+        int(v) == 1 for v in attrs.strides)
     x = bound_value(mutator, call.args[0])
     permutation = None
     if is_op(x, "relax.permute_dims") and x.attrs.axes is not None:
@@ -226,7 +255,7 @@ def pointwise_integer_conv(mutator: relax.PyExprMutator, call: relax.Call, targe
         zp = constant_value(mutator, zp_expr)
         if zp is not None and zp.size == 1:
             zero_point = int(zp.reshape(()))
-        elif zp is None and _is_runtime_scalar(zp_expr):
+        elif zp is None and _is_runtime_scalar(zp_expr) and not padded:
             zero_point = zp_expr
         else:
             return None
@@ -236,11 +265,24 @@ def pointwise_integer_conv(mutator: relax.PyExprMutator, call: relax.Call, targe
     x8 = x.args[0]
     if not is_static_tensor(x8.ty, ("uint8", "int8"), min_ndim=4):
         return None
+    dtype = str(x8.ty.dtype)
+    if isinstance(zero_point, int) and not (
+            np.iinfo(dtype).min <= zero_point <= np.iinfo(dtype).max):
+        return None  # the padding (im2col's fill) holds the zero point
+    w32 = np.ascontiguousarray(ohwi.reshape(ohwi.shape[0], -1).T)
+    extra = 0
+    if not pointwise:
+        family = best_vector_family(target, "uint8")
+        if family is None or family.pair_bound:
+            return None
+        extra = -w32.shape[0] % 4
+        w32 = np.concatenate([w32, np.zeros((extra, w32.shape[1]), w32.dtype)])
     shape = [int(d) for d in call.ty.shape.values]
     rows = int(np.prod(shape)) // w32.shape[1]
-    if integer_gemm_plan(target, rows, w32, zero_point, str(x8.ty.dtype) == "int8") is None:
+    plan = integer_gemm_plan(target, rows, w32, zero_point, dtype == "int8")
+    if plan is None or (not pointwise and plan != "uint8"):
         return None
-    return x8, permutation, zp_expr, w32, layout
+    return IntegerConv(x8, permutation, zp_expr, zero_point, w32, layout, pointwise, extra)
 
 
 def constant_weight(mutator: relax.PyExprMutator, weight: relax.Expr) -> np.ndarray | None:

@@ -36,7 +36,7 @@ from tvm.target import Target
 
 from ..microkernels import has_integer_kernels
 from . import relax_rewrite
-from .integer_gemm import emit_int8_gemm, pointwise_integer_conv
+from .integer_gemm import emit_int8_gemm, integer_conv_gemm
 from .relax_rewrite import TargetMutator, TargetPass, bound_value, constant_value, is_op
 
 REQUANTIZE = "hybrid_requantize"
@@ -118,12 +118,13 @@ class _Rewriter(TargetMutator):
                                                   "relax.nn.conv2d": self._conv,
                                                   "relax.quantize": self._requantize})
 
-    # -- step 1 for 1x1 convolutions -------------------------------------------------------------
+    # -- step 1 for convolutions ----------------------------------------------------------------
     def _conv(self, call: relax.Call):
-        """``conv2d(dequantize(xq), dequantize(Wq))``, 1x1 in NCHW, to the int32 convolution
+        """``conv2d(dequantize(xq), dequantize(Wq))`` in NCHW to the int32 convolution
         ``conv2d(astype(xq, int32) - zx, W32)`` times ``sx * sw`` per output channel, where
-        the integer GEMM takes it (``pointwise_integer_conv``: ``ConvToGemm`` makes it one);
-        other convolutions keep the float path (their weights fold to fp32)."""
+        the integer GEMM takes it (``integer_conv_gemm``: ``ConvToGemm`` makes it one); other
+        convolutions (depthwise and grouped ones; on CPUs without VNNI all but 1x1 ones) keep
+        the float path (their weights fold to fp32)."""
         lhs, rhs = (bound_value(self, a) for a in call.args)
         attrs = call.attrs
         if not (is_op(lhs, "relax.dequantize") and is_op(rhs, "relax.dequantize")
@@ -153,7 +154,7 @@ class _Rewriter(TargetMutator):
             dilation=attrs.dilation, groups=attrs.groups, data_layout="NCHW",
             kernel_layout="OIHW", out_dtype="int32")
         conv = bb.normalize(conv)
-        if pointwise_integer_conv(self, conv, self.target) is None:
+        if integer_conv_gemm(self, conv, self.target) is None:
             return None
         scale = (np.float32(sx.reshape(())) * np.broadcast_to(sw.reshape(-1), (o,))).astype(
             np.float32)
