@@ -497,6 +497,50 @@ def bert_layer(batch: int, seq: int, *, hidden: int = 768, heads: int = 12, ffn:
     return Workload(f"bert_layer_b{batch}_s{seq}{suffix}", proto, inputs, flops)
 
 
+def resnet(batch: int = 1, size: int = 112, widths: tuple[int, ...] = (32, 64, 128), *,
+           classes: int = 100, seed: int = 0) -> Workload:
+    """A small ResNet as exporters write it: a 3x3 stride-2 stem, then per width a basic block
+    (3x3 Conv, BatchNormalization, Relu, 3x3 Conv, BatchNormalization, the residual Add, Relu;
+    stride 2 and a 1x1 projection from the second width on), GlobalAveragePool, Flatten and a
+    Gemm classifier. He-initialised weights, BatchNorm statistics of a trained-looking spread,
+    input a normalised image batch ``[batch, 3, size, size]``."""
+    g = _Graph(seed)
+    flops = 0.0
+
+    def conv_bn(x, c, o, k, stride, hw):
+        nonlocal flops
+        w = g.rng.standard_normal((o, c, k, k)).astype(np.float32) * math.sqrt(2.0 / (c * k * k))
+        y = g.op("Conv", x, g.const(w, "w"), pads=[k // 2] * 4, strides=[stride, stride])
+        out_hw = (hw + 2 * (k // 2) - k) // stride + 1
+        flops += 2.0 * batch * o * c * k * k * out_hw * out_hw
+        gamma = g.rng.uniform(0.5, 1.5, o).astype(np.float32)
+        beta = g.rng.uniform(-0.2, 0.2, o).astype(np.float32)
+        mean = g.rng.uniform(-0.1, 0.1, o).astype(np.float32)
+        var = g.rng.uniform(0.5, 2.0, o).astype(np.float32)
+        return g.op("BatchNormalization", y, *(g.const(v, "bn") for v in (gamma, beta, mean, var)),
+                    epsilon=1e-5), out_hw
+
+    x, hw = conv_bn("x", 3, widths[0], 3, 2, size)
+    x, c = g.op("Relu", x), widths[0]
+    for i, o in enumerate(widths):
+        stride = 1 if i == 0 else 2
+        y, out_hw = conv_bn(x, c, o, 3, stride, hw)
+        y, _ = conv_bn(g.op("Relu", y), o, o, 3, 1, out_hw)
+        shortcut = x if stride == 1 and c == o else conv_bn(x, c, o, 1, stride, hw)[0]
+        x, c, hw = g.op("Relu", g.op("Add", y, shortcut)), o, out_hw
+    pooled = g.op("Flatten", g.op("GlobalAveragePool", x))
+    w = g.rng.standard_normal((classes, c)).astype(np.float32) / math.sqrt(c)
+    logits = g.op("Gemm", pooled, g.const(w, "fc"), g.const(np.zeros(classes, np.float32), "fb"),
+                  transB=1)
+    flops += 2.0 * batch * classes * c
+    out = g.op("Identity", logits)
+    proto = g.model("resnet", [_value("x", (batch, 3, size, size))],
+                    [_value(out, (batch, classes))])
+    data = np.random.default_rng(seed + 1).standard_normal((batch, 3, size, size)).astype("float32")
+    return Workload(f"resnet{'x'.join(map(str, widths))}_s{size}_b{batch}", proto, {"x": data},
+                    flops)
+
+
 def _attention_mask(rng, batch: int, seq: int) -> np.ndarray:
     """Additive mask: 0 for real tokens, -10000 for padding at the end of each sequence."""
     mask = np.zeros((batch, 1, 1, seq), "float32")
