@@ -151,25 +151,40 @@ class _Rewriter(TargetMutator):
             return None
         if w32.min(initial=0) < -(2**15) or w32.max(initial=0) >= 2**15:
             return None
-        zero_point = 0
-        expr = bound_value(self, lhs)
-        if is_op(expr, "relax.subtract"):
-            zp = constant_value(self, expr.args[1])
-            if zp is not None and zp.size == 1:
-                zero_point = int(zp.reshape(()))
-            elif zp is None and _is_runtime_scalar(expr.args[1]):
-                zero_point = _scalar(expr.args[1])  # dynamic quantization's zero point
-            else:
-                return None
-            expr = bound_value(self, expr.args[0])
-        if not is_op(expr, "relax.astype") or str(expr.ty.dtype) != "int32":
+        shifted = shifted_8bit(self, lhs)
+        if shifted is None:
             return None
-        x = expr.args[0]
-        if not is_static_tensor(x.ty, ("uint8", "int8")):
-            return None
+        x, _, zero_point = shifted
+        if isinstance(zero_point, relax.Expr):
+            zero_point = _scalar(zero_point)  # dynamic quantization's zero point
         if int(x.ty.shape.values[-1]) != w32.shape[0]:
             return None
         return x, zero_point, w32
+
+
+def shifted_8bit(mutator: relax.PyExprMutator, expr: relax.Expr):
+    """``(x8, zp expression or None, zero point)`` when ``expr`` is ``astype(x8, int32) - zp``
+    or ``astype(x8, int32)`` of a static 8-bit tensor ``x8``; the zero point is an int (0
+    without the subtraction) or, computed at run time, the one-element int32 tensor. Else
+    None."""
+    zp_expr, zero_point = None, 0
+    expr = bound_value(mutator, expr)
+    if is_op(expr, "relax.subtract"):
+        zp_expr = expr.args[1]
+        zp = constant_value(mutator, zp_expr)
+        if zp is not None and zp.size == 1:
+            zero_point = int(zp.reshape(()))
+        elif zp is None and _is_runtime_scalar(zp_expr):
+            zero_point = zp_expr
+        else:
+            return None
+        expr = bound_value(mutator, expr.args[0])
+    if not is_op(expr, "relax.astype") or str(expr.ty.dtype) != "int32":
+        return None
+    x8 = expr.args[0]
+    if not is_static_tensor(x8.ty, ("uint8", "int8")):
+        return None
+    return x8, zp_expr, zero_point
 
 
 @tvm.transform.module_pass(opt_level=0, name="IntegerGemmToVNNI")
@@ -244,31 +259,22 @@ def integer_conv_gemm(mutator: relax.PyExprMutator, call: relax.Call,
     padded = any(int(p) for p in attrs.padding)
     pointwise = ohwi.shape[1:3] == (1, 1) and not padded and all(
         int(v) == 1 for v in attrs.strides)
-    x = bound_value(mutator, call.args[0])
+    x = call.args[0]
     permutation = None
-    if is_op(x, "relax.permute_dims") and x.attrs.axes is not None:
-        permutation = [int(a) for a in x.attrs.axes]
-        x = bound_value(mutator, x.args[0])
-    zp_expr, zero_point = None, 0
-    if is_op(x, "relax.subtract"):
-        zp_expr = x.args[1]
-        zp = constant_value(mutator, zp_expr)
-        if zp is not None and zp.size == 1:
-            zero_point = int(zp.reshape(()))
-        elif zp is None and _is_runtime_scalar(zp_expr) and not padded:
-            zero_point = zp_expr
-        else:
-            return None
-        x = bound_value(mutator, x.args[0])
-    if not is_op(x, "relax.astype") or str(x.ty.dtype) != "int32":
+    permuted = bound_value(mutator, x)
+    if is_op(permuted, "relax.permute_dims") and permuted.attrs.axes is not None:
+        permutation = [int(a) for a in permuted.attrs.axes]
+        x = permuted.args[0]
+    shifted = shifted_8bit(mutator, x)
+    if shifted is None or shifted[0].ty.ndim != 4:
         return None
-    x8 = x.args[0]
-    if not is_static_tensor(x8.ty, ("uint8", "int8"), min_ndim=4):
-        return None
+    x8, zp_expr, zero_point = shifted
     dtype = str(x8.ty.dtype)
+    if isinstance(zero_point, relax.Expr) and padded:
+        return None  # the padding (im2col's fill) holds the zero point: a constant
     if isinstance(zero_point, int) and not (
             np.iinfo(dtype).min <= zero_point <= np.iinfo(dtype).max):
-        return None  # the padding (im2col's fill) holds the zero point
+        return None
     w32 = np.ascontiguousarray(ohwi.reshape(ohwi.shape[0], -1).T)
     extra = 0
     if not pointwise:

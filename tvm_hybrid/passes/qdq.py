@@ -125,21 +125,15 @@ class _Rewriter(TargetMutator):
         the integer GEMM takes it (``integer_conv_gemm``: ``ConvToGemm`` makes it one); other
         convolutions (depthwise and grouped ones; on CPUs without VNNI all but 1x1 ones) keep
         the float path (their weights fold to fp32)."""
-        lhs, rhs = (bound_value(self, a) for a in call.args)
         attrs = call.attrs
-        if not (is_op(lhs, "relax.dequantize") and is_op(rhs, "relax.dequantize")
-                and str(attrs.data_layout) == "NCHW" and str(attrs.kernel_layout) == "OIHW"
+        if not (str(attrs.data_layout) == "NCHW" and str(attrs.kernel_layout) == "OIHW"
                 and str(attrs.out_layout) in ("", "NCHW")):
             return None
-        xq = lhs.args[0]
-        if not relax_rewrite.is_static_tensor(xq.ty, ("uint8", "int8"), min_ndim=4):
+        rhs = bound_value(self, call.args[1])
+        operands = self._dequantized(bound_value(self, call.args[0]), rhs, ndim=4)
+        if operands is None:
             return None
-        sx, zx = constant_value(self, lhs.args[1]), constant_value(self, lhs.args[2])
-        wq, sw, zw = (constant_value(self, a) for a in rhs.args)
-        if any(v is None for v in (sx, zx, wq, sw, zw)) or sx.size != 1 or zx.size != 1:
-            return None
-        if wq.ndim != 4 or wq.dtype not in (np.int8, np.uint8):
-            return None
+        xq, sx, zx, wq, sw, zw = operands
         o = wq.shape[0]
         if (sw.size not in (1, o) or zw.size not in (1, o)
                 or (max(sw.size, zw.size) == o > 1 and int(rhs.attrs.axis) % 4 != 0)):
@@ -170,17 +164,10 @@ class _Rewriter(TargetMutator):
             if axes is None or [int(a) for a in axes] != [1, 0]:
                 return None
             transposed, rhs = True, bound_value(self, rhs.args[0])
-        if not (is_op(lhs, "relax.dequantize") and is_op(rhs, "relax.dequantize")):
+        operands = self._dequantized(lhs, rhs, ndim=2)
+        if operands is None:
             return None
-        xq = lhs.args[0]
-        if not relax_rewrite.is_static_tensor(xq.ty, ("uint8", "int8")):
-            return None
-        sx, zx = constant_value(self, lhs.args[1]), constant_value(self, lhs.args[2])
-        wq, sw, zw = (constant_value(self, a) for a in rhs.args)
-        if any(v is None for v in (sx, zx, wq, sw, zw)) or sx.size != 1 or zx.size != 1:
-            return None
-        if wq.ndim != 2 or wq.dtype not in (np.int8, np.uint8):
-            return None
+        xq, sx, zx, wq, sw, zw = operands
         axis = int(rhs.attrs.axis) % 2
         if transposed:
             wq, axis = np.ascontiguousarray(wq.T), 1 - axis
@@ -199,6 +186,22 @@ class _Rewriter(TargetMutator):
                                                    relax.const(scale)))
         self.gemms[out] = (acc, scale)
         return out
+
+    def _dequantized(self, lhs: relax.Expr, rhs: relax.Expr, ndim: int):
+        """``(xq, sx, zx, Wq, sw, zw)`` when ``lhs`` dequantizes a static 8-bit tensor with
+        per-tensor constants and ``rhs`` a constant 8-bit weight of rank ``ndim``, else None."""
+        if not (is_op(lhs, "relax.dequantize") and is_op(rhs, "relax.dequantize")):
+            return None
+        xq = lhs.args[0]
+        if not relax_rewrite.is_static_tensor(xq.ty, ("uint8", "int8"), min_ndim=ndim):
+            return None
+        sx, zx = constant_value(self, lhs.args[1]), constant_value(self, lhs.args[2])
+        wq, sw, zw = (constant_value(self, a) for a in rhs.args)
+        if any(v is None for v in (sx, zx, wq, sw, zw)) or sx.size != 1 or zx.size != 1:
+            return None
+        if wq.ndim != ndim or wq.dtype not in (np.int8, np.uint8):
+            return None
+        return xq, sx, zx, wq, sw, zw
 
     # -- step 2 ----------------------------------------------------------------------------------
     def _requantize(self, call: relax.Call):
