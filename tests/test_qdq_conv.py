@@ -111,3 +111,36 @@ def test_qdq_conv_integer_sums_are_bit_exact(mcpu):
     ref = workloads.qdq_conv_reference(wl)
     assert len(np.unique(ref)) > 32  # not all saturated or zero
     np.testing.assert_array_equal(model(**wl.inputs), ref)
+
+
+@pytest.mark.requires("avx2")
+@pytest.mark.parametrize("kernel", [1, 3])
+def test_qdq_convs_of_s8_data_compile_and_match(kernel):
+    """s8 activations (a quantizer's QInt8): the 1x1 convolution on the integer GEMM (the data
+    shifted to u8), the 3x3 one on the fp32 path (its im2col would be merged with the shift);
+    both within float rounding of the dequantized convolution in float64."""
+    from tvm import relax
+
+    from tvm_hybrid.testing.relax_modules import relax_function
+
+    rng = np.random.default_rng(0)
+    w8 = rng.integers(-127, 128, (16, 24, kernel, kernel)).astype("int8")
+    x = relax.Var("x", relax.TensorType((1, 24, 12, 12), "float32"))
+
+    def conv(bb, x):
+        scale, zero = relax.const(0.05, "float32"), relax.const(-3, "int8")
+        xq = bb.emit(relax.op.quantize(x, scale, zero, out_dtype="int8"))
+        xd = bb.emit(relax.op.dequantize(xq, scale, zero))
+        wd = bb.emit(relax.op.dequantize(relax.const(w8), relax.const(0.01, "float32"),
+                                         relax.const(0, "int8")))
+        return relax.op.nn.conv2d(xd, wd, padding=[kernel // 2] * 4)
+
+    model = tvm_hybrid.compile(relax_function([x], conv))
+    integer = [n for n in model.kernel_names() if "int8_packed_matmul" in n]
+    assert bool(integer) == (kernel == 1), model.kernel_names()
+    assert not [k for k in model.kernels if "conv2d" in k]
+    data = rng.standard_normal((1, 24, 12, 12)).astype("float32")
+    xd = (np.clip(np.round(data / np.float32(0.05)) - 3, -128, 127) + 3) * 0.05
+    ref = workloads._conv_nchw(xd.astype(np.float64), w8.astype(np.float64) * 0.01, 1,
+                               kernel // 2)
+    np.testing.assert_allclose(model(data), ref, rtol=0, atol=1e-5 * np.abs(ref).max())

@@ -279,7 +279,9 @@ def integer_conv_gemm(mutator: relax.PyExprMutator, call: relax.Call,
     extra = 0
     if not pointwise:
         family = best_vector_family(target, "uint8")
-        if family is None or family.pair_bound:
+        if family is None or family.pair_bound or dtype != "uint8":
+            # (s8 data would be shifted to u8 by an op that FuseOps puts into the im2col
+            # kernel, which FuseTIR cannot merge: those keep the fp32 path)
             return None
         extra = -w32.shape[0] % 4
         w32 = np.concatenate([w32, np.zeros((extra, w32.shape[1]), w32.dtype)])
