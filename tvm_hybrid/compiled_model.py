@@ -70,13 +70,13 @@ class CompiledModel:
         """
         vm = getattr(self._local, "vm", None)
         if vm is None:
-            if not self._checked:
+            if not self._checked:  # once per model, not per thread
                 check_runnable_here(self.target)
+                too_big = memory_guard.excess(
+                    self.lowered["main"] if self.lowered is not None else None, self.inputs)
+                if too_big:  # an overcommitting host would kill the process (memory_guard.py)
+                    raise InputError(too_big)
                 self._checked = True
-            too_big = memory_guard.excess(
-                self.lowered["main"] if self.lowered is not None else None, self.inputs)
-            if too_big:  # an overcommitting host would kill the process (memory_guard.py)
-                raise InputError(too_big)
             vm = self._local.vm = relax.VirtualMachine(self.executable, tvm.cpu())
         return vm
 

@@ -79,8 +79,9 @@ def excess(main: relax.Function | None, inputs) -> str | None:
 
 
 def _size(count: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if count < 1024 or unit == "TiB":
-            return f"{count:.1f} {unit}" if unit != "B" else f"{count} B"
+    if count < 1024:
+        return f"{count} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
         count /= 1024
-    return f"{count} B"
+        if count < 1024 or unit == "TiB":
+            return f"{count:.1f} {unit}"

@@ -130,6 +130,8 @@ def _pool(threads: int):
     if not _POOL or _POOL[0][0] < threads:
         from concurrent.futures import ThreadPoolExecutor
 
+        if _POOL:  # a smaller one, from before the thread count grew
+            _POOL[0][1].shutdown(wait=False)
         _POOL[:] = [(threads, ThreadPoolExecutor(threads - 1, thread_name_prefix="hybrid-copy"))]
     return _POOL[0][1]
 

@@ -110,7 +110,7 @@ class ConvToGemm:
         mod = relax.transform.FoldConstant()(mod)
         mod = rewrite_functions(mod, _Rewriter(mod, self.target), eliminate_dead_code=True)
         if _has_integer_conv(mod):
-            # An integer 1x1 convolution IntegerConvToFloat left for the integer GEMM that the
+            # An integer convolution IntegerConvToFloat left for the integer GEMM that the
             # rewrite could not take after all (a form the layout change made): the fp32
             # engine where that is exact, as for any integer convolution, not TVM's int32 loop.
             logger.debug("integer convolutions left after ConvToGemm; to fp32 where exact")

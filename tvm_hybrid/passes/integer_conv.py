@@ -41,7 +41,8 @@ class IntegerConvToFloat:
     Parameters
     ----------
     target
-        The CPU: its integer GEMM keeps the 1x1 convolutions it takes. None converts every
+        The CPU: the convolutions its integer GEMM takes stay integer
+        (:func:`~tvm_hybrid.passes.integer_gemm.integer_conv_gemm`). None converts every
         exact convolution.
     """
 
