@@ -232,7 +232,9 @@ def test_knobs_are_schedule_decisions():
 # --- fusion and prepacking ---------------------------------------------------------------------
 
 
-def test_one_kernel_per_linear_layer():
+def test_one_kernel_per_linear_layer(monkeypatch):
+    # Per-layer kernels (the chain fusion of tests/test_gemm_chain.py off).
+    monkeypatch.setenv("TVM_HYBRID_GEMM_CHAINS", "off")
     wl = workloads.mlp(8, (24, 64, 48, 16), final="Sigmoid")
     model = tvm_hybrid.compile(wl.model)
     assert len(model.kernel_names()) == 3, model.kernel_names()

@@ -86,7 +86,8 @@ def test_hybrid_kernels_are_parallel_and_vectorised(mcpu, register):
     assert re.search(rf"vfmadd\w+\s+.*%{register}", asm)
 
 
-def test_fusion_makes_one_kernel_per_linear_layer():
+def test_fusion_makes_one_kernel_per_linear_layer(monkeypatch):
+    monkeypatch.setenv("TVM_HYBRID_GEMM_CHAINS", "off")  # tests/test_gemm_chain.py: chains
     model = tvm_hybrid.compile(workloads.mlp(16, (32, 64, 64, 16)).model)
     names = model.kernel_names()
     assert len(names) == 3  # MatMul+Add+ReLU fused per layer

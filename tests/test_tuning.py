@@ -144,7 +144,8 @@ def test_search_measures_heuristic_first_and_walks_to_the_optimum(gemm_task):
     assert state.best().key == goal
 
 
-def test_budget_split_gives_every_task_the_heuristic(target):
+def test_budget_split_gives_every_task_the_heuristic(target, monkeypatch):
+    monkeypatch.setenv("TVM_HYBRID_GEMM_CHAINS", "off")  # one task per layer
     tasks = extract_tasks(workloads.mlp(32, (64, 256, 256, 16)).model, target)
     assert len(tasks) == 3 and all(t.templated for t in tasks)
     split_budget(tasks, 2)
@@ -269,7 +270,8 @@ def test_bad_records_files(tmp_path, content, match):
                            tuning_records=tmp_path / "missing.json")
 
 
-def test_cli_tune_then_compile(tmp_path, capsys, target):
+def test_cli_tune_then_compile(tmp_path, capsys, target, monkeypatch):
+    monkeypatch.setenv("TVM_HYBRID_GEMM_CHAINS", "off")  # one task per layer
     model = tmp_path / "mlp.onnx"
     onnx.save(workloads.mlp(8, (32, 64, 16)).model, model)
     records = tmp_path / "records.json"

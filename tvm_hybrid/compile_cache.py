@@ -3,8 +3,9 @@
 ``compile(model, cache_dir=DIR)`` (``--cache-dir``, or ``TVM_HYBRID_CACHE_DIR``) keys an entry by
 everything that changes the compiled code: the model's bytes, the input shapes, the target (its
 JSON, hence CPU and cores, and the CPU features LLVM derives), the precision and pipeline, the
-tuning records' bytes, and the versions of tvm_hybrid, TVM, tvm_ffi and LLVM. An entry is an
-exported model (``artifact.py``: library, checksummed sidecar with the kernel descriptions):
+GEMM chain mode (``TVM_HYBRID_GEMM_CHAINS``), the tuning records' bytes, and the versions of
+tvm_hybrid, TVM, tvm_ffi and LLVM. An entry is an exported model (``artifact.py``: library,
+checksummed sidecar with the kernel descriptions):
 
 * a hit loads it (checked like any exported model) in well under a second;
 * a miss compiles, exports into a temporary directory inside ``DIR`` and renames it into place,
@@ -49,6 +50,7 @@ def cache_key(model_bytes: bytes, target, input_shapes, precision: str, pipeline
 
     from . import __version__
     from .host import target_features, target_to_dict
+    from .passes.gemm_chain import chain_mode
 
     digest = hashlib.sha256(model_bytes)
     facts = {
@@ -57,6 +59,7 @@ def cache_key(model_bytes: bytes, target, input_shapes, precision: str, pipeline
         "input_shapes": {k: list(v) for k, v in sorted((input_shapes or {}).items())},
         "precision": precision,
         "pipeline": pipeline,
+        "gemm_chains": chain_mode(),
         "versions": [__version__, tvm.__version__, tvm_ffi.__version__,
                      int(codegen.llvm_version_major())],
         "records": _records_digest(records),

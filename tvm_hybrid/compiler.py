@@ -37,6 +37,7 @@ from .frontend.importer import is_static, onnx_inputs
 from .host import make_target, target_to_dict
 from .kernel_info import KernelRecorder
 from .microkernels import best_vector_family
+from .passes.gemm_chain import chain_mode
 from .pipeline import PRECISIONS, hybrid_pipeline
 from .schedules.attention import tuned_knobs
 from .specializing_model import DEFAULT_MAX_SPECIALIZATIONS, SpecializingModel
@@ -114,6 +115,7 @@ def compile(  # noqa: A001 - the public name mirrors tvm.compile
         raise OptionError(f"dynamic must be one of {DYNAMIC_MODES}, got {dynamic!r}")
     tgt = make_target(target)
     check_precision(precision, tgt)
+    chain_mode()  # a bad TVM_HYBRID_GEMM_CHAINS is the user's error, said before compiling
     if dynamic == "specialize" and not isinstance(model, tvm.IRModule) and not params:
         proto = load_onnx(model)
         declared = onnx_inputs(proto, input_shapes or {})

@@ -94,12 +94,15 @@ def describe_kernels(lowered: tvm.IRModule, recorder: KernelRecorder | None,
     """One :class:`KernelInfo` per PrimFunc of ``lowered`` (the scheduled module)."""
     from .schedules.attention import ATTENTION_ATTR, FLOPS_ATTR, SHAPE_ATTR, AttentionShape
     from .schedules.gemm.template import TEMPLATE_ANNOTATION
+    from .schedules.gemm_chain import CHAIN_ANNOTATION
 
     infos = {}
     for gvar, func in called_kernels(lowered):
         name = gvar.name_hint
         script = func.script()
-        notes = re.findall(rf'"{re.escape(TEMPLATE_ANNOTATION)}": "([^"]+)"', script)
+        notes = [f"chain of {note}" for note in
+                 re.findall(rf'"{re.escape(CHAIN_ANNOTATION)}": "([^"]+)"', script)]
+        notes += re.findall(rf'"{re.escape(TEMPLATE_ANNOTATION)}": "([^"]+)"', script)
         before = recorder.unscheduled.get(name) if recorder else None
         attrs = func.attrs or {}
         if ATTENTION_ATTR in attrs:
@@ -128,9 +131,12 @@ def _gemm_flops(func: tirx.PrimFunc) -> tuple[float, str]:
     """FLOPs (2 per multiply-add) of the multiply-accumulate blocks (GEMMs, convolutions) of an
     unscheduled kernel, and their number kind."""
     from .schedules.gemm.template import prepare
+    from .schedules.gemm_chain import prepare_chain
 
     try:
-        gemms = prepare(s_tir.Schedule(func)) or []
+        # A chain's layers first (the GEMM template's preparation would inline each layer's
+        # epilogue into the next layer, which then is no GEMM it recognises).
+        gemms = prepare_chain(s_tir.Schedule(func)) or prepare(s_tir.Schedule(func)) or []
     except Exception:  # noqa: BLE001 - not analysable
         gemms = []
     if gemms:

@@ -33,6 +33,7 @@ from .passes import (
     FoldQDQ,
     FoldScalesIntoWeights,
     FuseAttention,
+    FuseGemmChains,
     FuseGemmEpilogues,
     IntegerConvToFloat,
     IntegerGemmToVNNI,
@@ -80,6 +81,8 @@ def graph_passes(target: Target, precision: str = "fp32",
         *_noted(recorder, FuseGemmEpilogues()),
         # Inside the fused groups too, so after the grouping.
         FastMath(),
+        # Whole fused layers merge into chains, so after the epilogue grouping.
+        FuseGemmChains(target, recorder=recorder),
     ]
 
 

@@ -6,6 +6,7 @@ from .fast_math import FastMath
 from .fold_scales import FoldScalesIntoWeights
 from .fuse_attention import FuseAttention
 from .fuse_epilogues import FuseGemmEpilogues
+from .gemm_chain import FuseGemmChains
 from .integer_conv import IntegerConvToFloat
 from .integer_gemm import IntegerGemmToVNNI
 from .prepack import PrepackConstantWeights
@@ -20,6 +21,7 @@ __all__ = [
     "FoldQDQ",
     "FuseAttention",
     "FuseGemmEpilogues",
+    "FuseGemmChains",
     "IntegerConvToFloat",
     "IntegerGemmToVNNI",
     "PrepackConstantWeights",

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from .conv_template import ConvTemplate
 from .gemm.template import GemmTemplate
+from .gemm_chain import GemmChainTemplate
 from .parallel_vectorize import ParallelVectorize
 from .template import Template, apply_template
 
 #: The expert templates, in priority order (what the rules apply and the tuner searches).
-TEMPLATES: tuple[Template, ...] = (GemmTemplate(), ConvTemplate())
+TEMPLATES: tuple[Template, ...] = (GemmChainTemplate(), GemmTemplate(), ConvTemplate())
 
 
 def default_rules() -> list:
@@ -31,5 +32,5 @@ def covering_template(func, target) -> tuple[Template, list] | None:
     return None
 
 
-__all__ = ["TEMPLATES", "ConvTemplate", "GemmTemplate", "ParallelVectorize", "Template",
-           "apply_template", "covering_template", "default_rules"]
+__all__ = ["TEMPLATES", "ConvTemplate", "GemmChainTemplate", "GemmTemplate", "ParallelVectorize",
+           "Template", "apply_template", "covering_template", "default_rules"]

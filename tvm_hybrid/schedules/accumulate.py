@@ -10,9 +10,22 @@ def accumulate_in_tile(sch: s_tir.Schedule, block, tile_loop, init_at) -> None:
     """Accumulate ``block`` in a local buffer per ``tile_loop`` iteration, zeroed before the
     loop ``init_at``, with the elementwise chain after it in the tile's write-back; the init,
     write-back and epilogue blocks vectorised (the update is left to the microkernel)."""
+    attach_accumulator(sch, block, tile_loop)
+    decompose_accumulator(sch, block, tile_loop, init_at)
+
+
+def attach_accumulator(sch: s_tir.Schedule, block, tile_loop) -> None:
+    """The first half of :func:`accumulate_in_tile`: the local accumulator and the epilogue
+    in the tile (the reduction not yet split into init and update, so the loops above can
+    still be parallelised)."""
     acc = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(acc, tile_loop, preserve_unit_loops=True)
     _attach_epilogue(sch, acc, tile_loop)
+
+
+def decompose_accumulator(sch: s_tir.Schedule, block, tile_loop, init_at) -> None:
+    """The second half of :func:`accumulate_in_tile`: zero the accumulator before
+    ``init_at``; vectorise the init, write-back and epilogue blocks."""
     sch.decompose_reduction(block, init_at)
     update = sch.get(block).name_hint
     for child in sch.get_child_blocks(tile_loop):

@@ -30,7 +30,12 @@ from tvm.target import Target
 from ...host import cache_sizes, target_features
 from ...microkernels import Microkernel, has_gemm_kernels, microkernel_by_name, tensor_intrin
 from ...thread_pool import num_threads
-from ..accumulate import accumulate_in_tile, reduction_blocks
+from ..accumulate import (
+    accumulate_in_tile,
+    attach_accumulator,
+    decompose_accumulator,
+    reduction_blocks,
+)
 from ..parallel_vectorize import inline_free_producers
 from ..template import Template
 from . import space
@@ -146,9 +151,19 @@ def schedule_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
     """Apply the template to ``gemm`` with ``knobs``; return the loop of one register tile."""
     if knobs.kernel.per_block:
         return schedule_block_gemm(sch, gemm, knobs)
+    blocks = tile_gemm(sch, gemm, knobs)
+    # Unconditionally: the trace's instructions must not depend on its decisions (a tuner
+    # replays it with other block sizes); a parallel loop of extent 1 costs nothing.
+    sch.parallel(blocks)
+    return finish_gemm(sch, gemm, knobs)
+
+
+def tile_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
+    """The template's loops for ``gemm`` (a vector microkernel) without the thread split:
+    return the loop over blocks, serial (the caller parallelises it, or merges it with
+    another's first); :func:`finish_gemm` then puts the microkernel in."""
     kernel = knobs.kernel
-    block = gemm.block
-    *batch, i, j, k = sch.get_loops(block)
+    *batch, i, j, k = sch.get_loops(gemm.block)
     m_tiles, n_tiles = gemm.shape.m // kernel.mr, gemm.shape.n // kernel.nr
     io, ii = sch.split(i, [m_tiles, kernel.mr])
     jo, ji = sch.split(j, [n_tiles, kernel.nr])
@@ -162,13 +177,31 @@ def schedule_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
     n_outer, n_inner = sch.split(jo, n_split)
     tiles = (n_inner, m_inner) if knobs.order == "nm" else (m_inner, n_inner)
     sch.reorder(*batch, m_outer, n_outer, *tiles, ii, ji, k)
-    blocks = sch.fuse(*batch, m_outer, n_outer, preserve_unit_iters=True)
-    # Unconditionally: the trace's instructions must not depend on its decisions (a tuner
-    # replays it with other block sizes); a parallel loop of extent 1 costs nothing.
-    sch.parallel(blocks)
+    return sch.fuse(*batch, m_outer, n_outer, preserve_unit_iters=True)
 
-    tile = tiles[1]
-    accumulate_in_tile(sch, block, tile, ii)
+
+def finish_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
+    """After :func:`tile_gemm`: accumulate each register tile in the microkernel, the
+    epilogue in the tile's write-back; return the loop of one register tile.
+
+    In two halves for the chain template, which merges the layers' loops in between:
+    :func:`attach_gemm_epilogue` then :func:`tensorize_gemm`."""
+    attach_gemm_epilogue(sch, gemm)
+    return tensorize_gemm(sch, gemm, knobs)
+
+
+def attach_gemm_epilogue(sch: s_tir.Schedule, gemm: GemmBlock) -> None:
+    """A register-tile accumulator with the epilogue in its write-back (loops above still
+    parallelisable)."""
+    tile = sch.get_loops(gemm.block)[2]
+    attach_accumulator(sch, gemm.block, tile)
+
+
+def tensorize_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
+    """Zero the accumulators and put the microkernel in; return the tile loop."""
+    kernel = knobs.kernel
+    _blocks, _outer_tiles, tile, ii, *_rest = sch.get_loops(gemm.block)
+    decompose_accumulator(sch, gemm.block, tile, ii)
     sch.tensorize(ii, tensor_intrin(kernel, gemm.shape.k))
     # Visible in the scheduled TIR (CompiledModel.lowered), for users and tests. The block
     # sizes are left out: they are decisions a tuner may change after this string is written

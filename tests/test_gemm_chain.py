@@ -1,0 +1,252 @@
+"""MLP chain fusion: the pass that merges GEMM layers, the chain template, its cost model and
+knob space.
+
+Numerics: the chained kernel against numpy in float64 (rtol 1e-5, atol 1e-5 times the output's
+scale) and against the per-layer kernels (the same products and sums: within 1e-6), for AVX2
+(``haswell``) and AVX-512 (``znver4``) code where the host runs them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import tvm_hybrid
+from tvm_hybrid.bench import workloads
+from tvm_hybrid.errors import OptionError
+from tvm_hybrid.frontend.importer import import_model
+from tvm_hybrid.host import CacheSizes
+from tvm_hybrid.passes.gemm_chain import (
+    CHAIN_COMPOSITE,
+    CHAINS_VARIABLE,
+    MAX_CHAIN_ROWS,
+    chain_wins,
+)
+from tvm_hybrid.pipeline import graph_passes, normalize_passes
+from tvm_hybrid.schedules.gemm.template import TEMPLATE_ANNOTATION
+from tvm_hybrid.schedules.gemm_chain import CHAIN_ANNOTATION
+from tvm_hybrid.tuning import extract_tasks
+from tvm_hybrid.tuning.space import config_key, knobs_from_dict
+
+HASWELL = {"kind": "llvm", "mcpu": "haswell", "num-cores": 2}
+ZNVER4 = {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}
+DIMS = (24, 64, 48, 16)
+
+
+def _graph(model, target, monkeypatch, mode: str) -> tvm.IRModule:
+    """``model`` after the graph passes (phase 2), chains in ``mode``."""
+    monkeypatch.setenv(CHAINS_VARIABLE, mode)
+    tgt = tvm_hybrid.make_target(target)
+    with tgt:
+        passes = [*normalize_passes(tgt), *graph_passes(tgt)]
+        return tvm.transform.Sequential(passes)(import_model(model).mod)
+
+
+def _called(mod: tvm.IRModule) -> list[str]:
+    """The Composite names of the fused functions ``main`` calls, in order."""
+    names = []
+    for block in mod["main"].body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.Call) and isinstance(value.op, relax.GlobalVar):
+                names.append(str((mod[value.op].attrs or {}).get("Composite", "")))
+    return names
+
+
+def _reference(wl, dims, final=None) -> np.ndarray:
+    """The MLP in float64 from the ONNX initializers (MatMul weights then Add biases)."""
+    from onnx import numpy_helper
+
+    consts = {i.name: numpy_helper.to_array(i).astype("float64")
+              for i in wl.model.graph.initializer}
+    x = wl.inputs["x"].astype("float64")
+    nodes = list(wl.model.graph.node)
+    for node in nodes:
+        if node.op_type == "MatMul":
+            x = x @ consts[node.input[1]]
+        elif node.op_type == "Add":
+            x = x + consts[node.input[1]]
+        elif node.op_type == "Gemm":
+            x = x @ consts[node.input[1]] + consts[node.input[2]]
+        elif node.op_type == "Relu":
+            x = np.maximum(x, 0)
+        elif node.op_type == "Sigmoid":
+            x = 1 / (1 + np.exp(-x))
+    return x
+
+
+# --- the pass: before and after ---------------------------------------------------------------
+
+
+def test_layers_merge_into_one_chain_function(monkeypatch):
+    wl = workloads.mlp(8, DIMS, final="Sigmoid")
+    layers = _graph(wl.model, HASWELL, monkeypatch, "off")
+    assert len(_called(layers)) == 3 and all(
+        c.startswith("hybrid.matmul") for c in _called(layers)), _called(layers)
+    chained = _graph(wl.model, HASWELL, monkeypatch, "auto")
+    assert _called(chained) == [CHAIN_COMPOSITE], _called(chained)
+    (chain,) = [f for f in chained.functions.values()
+                if (f.attrs or {}).get("Composite") == CHAIN_COMPOSITE]
+    text = chain.script()
+    assert len(re.findall(r"hybrid_packed_matmul\d*", text)) >= 3
+    assert (chain.attrs or {}).get("Primitive")
+
+
+def test_no_chain_where_an_intermediate_has_another_use(monkeypatch):
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w1, w2 = (rng.standard_normal(s).astype("float32") for s in ((16, 32), (32, 32)))
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W1"], ["a"]), helper.make_node("Relu", ["a"], ["h"]),
+         helper.make_node("MatMul", ["h", "W2"], ["y"])], "branch",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("h", TensorProto.FLOAT, None)],  # h is also an output
+        [numpy_helper.from_array(w1, "W1"), numpy_helper.from_array(w2, "W2")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    assert CHAIN_COMPOSITE not in _called(_graph(model, HASWELL, monkeypatch, "all"))
+
+
+def test_no_chain_with_fewer_rows_than_threads(monkeypatch):
+    # One row on two threads: the per-layer kernels split N over the cores; a chain could not.
+    wl = workloads.mlp(1, DIMS)
+    assert CHAIN_COMPOSITE not in _called(_graph(wl.model, HASWELL, monkeypatch, "all"))
+
+
+def test_the_mode_variable_is_checked(monkeypatch):
+    monkeypatch.setenv(CHAINS_VARIABLE, "sometimes")
+    with pytest.raises(OptionError, match=CHAINS_VARIABLE):
+        tvm_hybrid.compile(workloads.mlp(8, DIMS).model)
+
+
+def test_the_cost_model():
+    caches = CacheSizes(l1d=32 << 10, l2=1 << 20, l3=32 << 20)
+    assert chain_wins(32, 700 << 10, caches, threads=2)
+    assert chain_wins(MAX_CHAIN_ROWS, 9 << 20, caches, threads=2)  # weights in half the L3
+    assert not chain_wins(1, 1 << 10, caches, threads=2)  # fewer rows than threads
+    assert not chain_wins(MAX_CHAIN_ROWS * 2, 1 << 10, caches, threads=2)
+    assert not chain_wins(32, 17 << 20, caches, threads=2)  # streams from memory per core
+    small_l3 = CacheSizes(l1d=32 << 10, l2=512 << 10, l3=0)
+    assert chain_wins(32, 300 << 10, small_l3, threads=2)
+    assert not chain_wins(32, 700 << 10, small_l3, threads=2)
+
+
+# --- the template: numerics and structure -----------------------------------------------------
+
+
+@pytest.mark.parametrize("target", [
+    pytest.param(HASWELL, id="avx2", marks=pytest.mark.requires("avx2", "fma")),
+    pytest.param(ZNVER4, id="avx512", marks=pytest.mark.requires("avx512f")),
+])
+@pytest.mark.parametrize("batch,dims,final", [
+    (8, DIMS, "Sigmoid"),
+    (32, (13, 512, 256, 128), None),  # the paper's MLP_1
+    (24, (40, 96, 33, 1), "Sigmoid"),  # odd widths: padded panels sliced in the tile
+])
+def test_chain_kernel_matches_numpy_and_the_per_layer_kernels(target, batch, dims, final,
+                                                              monkeypatch):
+    wl = workloads.mlp(batch, dims, final=final)
+    monkeypatch.setenv(CHAINS_VARIABLE, "off")
+    layers = tvm_hybrid.compile(wl.model, target)
+    monkeypatch.setenv(CHAINS_VARIABLE, "auto")
+    chained = tvm_hybrid.compile(wl.model, target)
+    names = chained.kernel_names()
+    chains = [n for n in names if "gemm_chain" in n]
+    assert len(chains) == 1, names
+    script = chained.lowered[chains[0]].script()
+    assert script.count(f'"{CHAIN_ANNOTATION}"') == 1  # one parallel loop for all layers
+    assert script.count(f'"{TEMPLATE_ANNOTATION}"') == len(dims) - 1  # each on a microkernel
+    assert script.count("T.parallel(") == 1
+    got = np.asarray(chained(**wl.inputs), "float64")
+    want = _reference(wl, dims, final)
+    scale = max(float(np.abs(want).max()), 1.0)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * scale)
+    np.testing.assert_allclose(got, np.asarray(layers(**wl.inputs), "float64"), rtol=1e-6,
+                               atol=1e-6 * scale)
+
+
+def test_the_profile_report_names_every_layer(monkeypatch):
+    monkeypatch.setenv(CHAINS_VARIABLE, "auto")
+    wl = workloads.mlp(8, DIMS)
+    model = tvm_hybrid.compile(wl.model, HASWELL)
+    report = model.profile(repeat=2, **wl.inputs)
+    (chain,) = [k.info for k in report.kernels if "gemm_chain" in k.info.name]
+    assert chain.schedule == "template"
+    assert "chain of 3 layers" in chain.detail
+    assert sum(node.startswith("MatMul") for node in chain.nodes) == 3, chain.nodes
+    flops = 2 * 8 * sum(k * n for k, n in zip(DIMS[:-1], DIMS[1:]))
+    assert chain.flops >= flops  # every layer counted (padded columns included)
+
+
+# --- the knob space ---------------------------------------------------------------------------
+
+
+def test_the_chain_is_tunable_through_the_template_space():
+    tasks = extract_tasks(workloads.mlp(32, (13, 512, 256, 128)).model,
+                          tvm_hybrid.make_target(HASWELL))
+    (space,) = [t.space for t in tasks if t.space.template.name == "gemm_chain"]
+    heuristic = space.heuristic()
+    assert heuristic[0].rows == 16  # one 16-row block per thread
+    moves = space.neighbours(heuristic)
+    assert moves and space.size() >= len(moves) + 1
+    for config in [heuristic, *moves]:
+        assert tuple(knobs_from_dict(json.loads(json.dumps(k.as_dict()))) for k in config) \
+            == config
+        assert config_key(config) != config_key(heuristic) or config == heuristic
+    extents = re.findall(r"T\.parallel\(T\.int64\((\d+)\)", space.schedule(moves[0]).mod[
+        "main"].script())
+    assert extents == [str(32 // moves[0][0].rows)]
+
+
+@pytest.mark.requires("avx2", "fma")
+def test_tuned_chain_records_apply(tmp_path, monkeypatch):
+    """The tuner measures the chain's rows choices; a compile with its records applies the
+    best one and stays exact."""
+    monkeypatch.setenv(CHAINS_VARIABLE, "auto")
+    wl = workloads.mlp(32, (13, 512, 256, 128))
+    records = tvm_hybrid.tune(wl.model, HASWELL, trials=3, work_dir=tmp_path / "work",
+                              output=tmp_path / "records.json", progress=False)
+    tuned = tvm_hybrid.compile(wl.model, HASWELL, tuning_records=records)
+    (chain,) = [n for n in tuned.kernel_names() if "gemm_chain" in n]
+    assert f'"{CHAIN_ANNOTATION}"' in tuned.lowered[chain].script()
+    want = _reference(wl, (13, 512, 256, 128))
+    np.testing.assert_allclose(np.asarray(tuned(**wl.inputs), "float64"), want, rtol=1e-5,
+                               atol=1e-5 * max(float(np.abs(want).max()), 1.0))
+
+
+@pytest.mark.requires("avx2", "fma")
+def test_gemm_layers_as_exporters_write_them_chain(monkeypatch):
+    """``Gemm(x, W, b, transB=1)`` + ``Relu`` per layer, as ``torch.nn.Linear`` exports."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(1)
+    dims = (20, 64, 40, 8)
+    nodes, inits, x = [], [], "x"
+    for n, (k, m) in enumerate(zip(dims[:-1], dims[1:])):
+        inits += [numpy_helper.from_array(rng.standard_normal((m, k)).astype("float32") * 0.2,
+                                          f"W{n}"),
+                  numpy_helper.from_array(rng.standard_normal(m).astype("float32"), f"b{n}")]
+        nodes += [helper.make_node("Gemm", [x, f"W{n}", f"b{n}"], [f"g{n}"], transB=1),
+                  helper.make_node("Relu", [f"g{n}"], [f"h{n}"])]
+        x = f"h{n}"
+    graph = helper.make_graph(
+        nodes, "gemms", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, dims[0]])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    monkeypatch.setenv(CHAINS_VARIABLE, "auto")
+    compiled = tvm_hybrid.compile(model, HASWELL)
+    assert [n for n in compiled.kernel_names() if "gemm_chain" in n], compiled.kernel_names()
+    data = rng.standard_normal((16, dims[0])).astype("float32")
+    want = data.astype("float64")
+    for n in range(len(dims) - 1):
+        w = numpy_helper.to_array(inits[2 * n]).astype("float64")
+        b = numpy_helper.to_array(inits[2 * n + 1]).astype("float64")
+        want = np.maximum(want @ w.T + b, 0)
+    np.testing.assert_allclose(np.asarray(compiled(data), "float64"), want, rtol=1e-5,
+                               atol=1e-5 * max(float(np.abs(want).max()), 1.0))

@@ -1,0 +1,259 @@
+"""``FuseGemmChains``: consecutive GEMM layers (an MLP) into one kernel, the paper's coarse-grain
+fusion of MLP chains.
+
+After :class:`~.fuse_epilogues.FuseGemmEpilogues` every ``matmul`` + epilogue is its own fused
+function, so an MLP of ``L`` layers is ``L`` kernels: ``L`` parallel loops (each a fork and a
+join of the thread pool) and ``L`` VM calls, every intermediate written to memory by one loop
+and read back by the next. This pass merges a chain of such functions, where each layer's
+output feeds only the next layer's GEMM, into one function; the chain template
+(``schedules/gemm_chain.py``) then runs all layers in one parallel loop over row blocks, so a
+block's intermediate rows stay in the core's caches (and the threads never wait on each other
+between layers).
+
+The cost model (:func:`chain_wins`): every core then reads every layer's weights, not its
+share, so a chain is formed only while the weights stay in the caches (a core's L2 or half
+the shared L3) and the batch is small enough that the per-layer kernels' forks, joins and
+calls are a visible share, with one row block per thread at least. ``TVM_HYBRID_GEMM_CHAINS``
+(``auto``, ``off``, ``all``) overrides it, to measure one against the other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.target import Target
+
+from ..errors import OptionError
+from ..host import CacheSizes, cache_sizes
+from ..schedules.gemm_chain import ChainShape, chain_variants
+from ..thread_pool import num_threads
+from .packed_gemm import KERNEL_NAMES
+
+#: The Composite name of a merged chain (what the profile report and tests see).
+CHAIN_COMPOSITE = "hybrid.gemm_chain"
+#: The environment variable choosing the mode (:func:`chain_mode`).
+CHAINS_VARIABLE = "TVM_HYBRID_GEMM_CHAINS"
+CHAIN_MODES = ("auto", "off", "all")
+#: Most rows a chain is formed for (larger batches keep the per-layer kernels' N split).
+MAX_CHAIN_ROWS = 256
+#: Share of a core's L2 the chain's weights may take (each core streams all of them).
+_L2_SHARE = 0.75
+
+
+@dataclasses.dataclass
+class _Layer:
+    binding: relax.VarBinding
+    func: relax.Function
+    rows: int
+    shape: tuple[int, int, int]  # (n, k, panel) as packed
+    weight_bytes: int
+
+
+def _layer(mod: tvm.IRModule, binding: relax.Binding) -> _Layer | None:
+    """The fused fp32 GEMM layer ``binding`` calls (2-D input, unpadded rows), else None."""
+    if not isinstance(binding, relax.VarBinding):
+        return None
+    call = binding.value
+    if not (isinstance(call, relax.Call) and isinstance(call.op, relax.GlobalVar)):
+        return None
+    func = mod[call.op]
+    attrs = func.attrs or {}
+    if not (isinstance(func, relax.Function)
+            and str(attrs.get("Composite", "")).startswith("hybrid.matmul")):
+        return None
+    body = func.body
+    if not (isinstance(body, relax.SeqExpr) and len(body.blocks) == 1 and body.blocks[0].bindings):
+        return None
+    first = body.blocks[0].bindings[0].value
+    if not (isinstance(first, relax.Call) and first.op.same_as(tvm.ir.Op.get("relax.call_tir"))):
+        return None
+    kernel, args = first.args[0], first.args[1].fields
+    if kernel.name_hint.rstrip("0123456789") != KERNEL_NAMES["float32"]:
+        return None
+    if not (len(args) == 2 and args[0].same_as(func.params[0])):
+        return None
+    x_shape, packed, out_shape = _shape(args[0]), _shape(args[1]), _shape(binding.var)
+    if x_shape is None or out_shape is None or packed is None or len(packed) != 3:
+        return None
+    if len(x_shape) != 2 or len(out_shape) != 2 or x_shape[0] != out_shape[0]:
+        return None
+    panels, k, panel = packed
+    weights = sum(int(np.prod(shape)) * 4 for shape in map(_shape, call.args[1:]) if shape)
+    return _Layer(binding, func, x_shape[0], (panels * panel, k, panel), weights)
+
+
+def _shape(expr: relax.Expr) -> tuple[int, ...] | None:
+    info = expr.ty
+    if not isinstance(info, relax.TensorType) or info.shape is None:
+        return None
+    try:
+        return tuple(int(d) for d in info.shape.values)
+    except (TypeError, AttributeError):
+        return None
+
+
+def chain_wins(rows: int, weight_bytes: int, caches: CacheSizes, threads: int) -> bool:
+    """The cost model: chain ``rows``-row layers whose weights total ``weight_bytes``.
+
+    One row block per thread at least, at most :data:`MAX_CHAIN_ROWS` rows (measured up to
+    there: 1.02-1.50x over the per-layer kernels, ``python/benchmarks/mlp_chain.py``), and the
+    weights within a core's L2 or half the L3, since every core reads all of them (from
+    memory they would cost each core the whole stream)."""
+    if not threads <= rows <= MAX_CHAIN_ROWS:
+        return False
+    return weight_bytes <= max(_L2_SHARE * caches.l2, caches.l3 // 2)
+
+
+def chain_mode() -> str:
+    """:data:`CHAINS_VARIABLE`'s value: ``"auto"`` (default: the cost model decides),
+    ``"off"`` (per-layer kernels only) or ``"all"`` (every chain the template can take)."""
+    value = os.environ.get(CHAINS_VARIABLE, "").strip().lower() or "auto"
+    if value not in CHAIN_MODES:
+        raise OptionError(f"{CHAINS_VARIABLE} must be one of {', '.join(CHAIN_MODES)}, "
+                          f"got {value!r}")
+    return value
+
+
+@tvm.transform.module_pass(opt_level=0, name="FuseGemmChains")
+class FuseGemmChains:
+    """Merge chains of fused fp32 GEMM layers into one function each (module docstring).
+
+    Parameters
+    ----------
+    target
+        The CPU target (its core count); the host's caches size the chains.
+    mode
+        ``"auto"`` (the cost model), ``"off"`` or ``"all"`` (every chain the template can
+        take, to measure against the per-layer kernels); None reads :data:`CHAINS_VARIABLE`.
+    recorder
+        A :class:`~tvm_hybrid.kernel_info.KernelRecorder`: a chain's kernel is attributed the
+        ONNX nodes of all its layers.
+    """
+
+    def __init__(self, target: Target, mode: str | None = None, recorder=None):
+        self.target = target
+        self.recorder = recorder
+        self.threads = int(target.attrs.get("num-cores", 0)) or num_threads()
+        self.caches = cache_sizes()
+        self.mode = chain_mode() if mode is None else mode
+        if self.mode not in CHAIN_MODES:
+            raise OptionError(f"mode must be one of {', '.join(CHAIN_MODES)}, got {mode!r}")
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        if self.mode == "off":
+            return mod
+        count = 0
+        builder = relax.BlockBuilder(mod)
+        updates = {}
+        for gvar, func in list(mod.functions.items()):
+            if not isinstance(func, relax.Function) or (func.attrs or {}).get("Primitive"):
+                continue
+            blocks = []
+            changed = False
+            for block in func.body.blocks:
+                if isinstance(block, relax.DataflowBlock):
+                    block, merged, count = self._block(mod, builder, block, count)
+                    changed |= merged
+                blocks.append(block)
+            if changed:
+                updates[gvar] = relax.Function(func.params, relax.SeqExpr(blocks, func.body.body),
+                                           func.ret_ty, func.is_pure, func.attrs,
+                                           func.span)
+        if not count:
+            return mod
+        mod = builder.get()
+        for gvar, func in updates.items():
+            mod[gvar] = func
+        return relax.transform.DeadCodeElimination()(relax.transform.Normalize()(mod))
+
+    def _block(self, mod, builder, block: relax.DataflowBlock, count: int):
+        uses = relax.analysis.udchain(block)
+        layers = {b.var: _layer(mod, b) for b in block.bindings}
+        # next_of[v]: the layer that is the only user of layer v's output, as its GEMM input.
+        next_of = {}
+        for var, layer in layers.items():
+            if layer is None or not isinstance(var, relax.DataflowVar):
+                continue
+            users = list(uses.get(var, []))
+            if len(users) != 1 or layers.get(users[0]) is None:
+                continue
+            user = layers[users[0]]
+            call = user.binding.value
+            if call.args[0].same_as(var) and not any(a.same_as(var) for a in call.args[1:]) \
+                    and user.rows == layer.rows:
+                next_of[var] = users[0]
+        heads = [v for v in next_of if v not in set(next_of.values())]
+        replace, drop = {}, set()
+        for head in heads:
+            chain = [head]
+            while chain[-1] in next_of:
+                chain.append(next_of[chain[-1]])
+            members = [layers[v] for v in chain]
+            chosen = self._longest_winning(members)
+            if len(chosen) < 2:
+                continue
+            gvar, args = self._merge(mod, builder, chosen, count)
+            count += 1
+            last = chosen[-1].binding
+            replace[last.var] = relax.VarBinding(last.var, relax.Call(gvar, args))
+            drop.update(layer.binding.var for layer in chosen[:-1])
+            if self.recorder is not None:
+                self.recorder.absorbed(last.var, [layer.binding.var for layer in chosen])
+        if not replace:
+            return block, False, count
+        bindings = [replace.get(b.var, b) for b in block.bindings if b.var not in drop]
+        return relax.DataflowBlock(bindings, block.span), True, count
+
+    def _longest_winning(self, members: list[_Layer]) -> list[_Layer]:
+        """The first run of two or more layers the template can take and the cost model
+        accepts (in ``"all"`` mode: the template alone)."""
+        chosen: list[_Layer] = []
+        for layer in members:
+            candidate = [*chosen, layer]
+            if self._accepts(candidate):
+                chosen = candidate
+            elif len(chosen) >= 2:
+                break
+            else:
+                chosen = [layer]
+        return chosen
+
+    def _accepts(self, layers: list[_Layer]) -> bool:
+        if len(layers) < 2:
+            return True
+        shape = ChainShape(layers[0].rows, tuple(layer.shape for layer in layers))
+        if not chain_variants(shape, self.target):
+            return False
+        return self.mode == "all" or chain_wins(
+            shape.m, sum(layer.weight_bytes for layer in layers), self.caches, self.threads)
+
+    @staticmethod
+    def _merge(mod: tvm.IRModule, builder: relax.BlockBuilder, layers: list[_Layer], index: int):
+        """Add one function computing ``layers`` in order; return it and its arguments."""
+        params, args, body_args = [], [], []
+        previous = None
+        for n, layer in enumerate(layers):
+            call = layer.binding.value
+            inner = []
+            for i, (param, arg) in enumerate(zip(layer.func.params, call.args)):
+                if n and i == 0:
+                    inner.append(previous)
+                    continue
+                var = relax.Var(f"l{n}_{param.name}", param.ty)
+                params.append(var)
+                args.append(arg)
+                inner.append(var)
+            previous = relax.Var(f"layer{n}", layer.binding.var.ty)
+            body_args.append((call.op, inner, previous))
+        bindings = [relax.VarBinding(out, relax.Call(op, inner)) for op, inner, out in body_args]
+        name = f"fused_hybrid_gemm_chain{index}"
+        func = relax.Function(params, relax.SeqExpr([relax.DataflowBlock(bindings)], previous),
+                              layers[-1].binding.var.ty)
+        func = func.inline_functions({op: mod[op] for op, _, _ in body_args})
+        func = func.with_attrs({"Composite": CHAIN_COMPOSITE, "Primitive": True})
+        gvar = builder.add_func(builder.normalize(func), name)
+        return gvar, args

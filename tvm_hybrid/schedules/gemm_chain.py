@@ -1,0 +1,239 @@
+"""The GEMM chain template: an MLP's layers in one parallel loop over row blocks.
+
+For a function holding ``L`` GEMM layers where layer ``l + 1`` reads layer ``l``'s output
+(after its epilogue) as its ``A`` (what ``passes/gemm_chain.py`` makes), the loop nest is::
+
+    parallel for row_block in M / rows:          # one row block per thread (or a few)
+      for layer in 1..L:                         # all layers of the block, in order
+        for n_tile in N_layer:                   # B panels of the layer stream from L2
+          for m_tile in row_block:
+            acc[mr, nr] = A_layer[m_tile, :] @ B_layer[:, n_tile]   # microkernel, whole K
+            out_layer[m_tile, n_tile] = epilogue(acc)
+
+Each layer is the GEMM template's loop nest (``gemm/template.py``: same microkernels, same
+epilogue in the tile's write-back) with one block of ``rows`` rows and every column; the
+layers' loops over row blocks are then merged into one parallel loop. A block's layer
+``l + 1`` reads only the rows its layer ``l`` wrote, so the merge is exact; the intermediate
+rows stay in the core's L1/L2 and the threads never join between layers.
+
+The knob is ``rows`` (a multiple of every layer's ``mr`` dividing ``M``); the microkernel of
+each layer is the GEMM heuristic's best whose ``mr`` divides ``rows``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+from tvm import s_tir
+from tvm.s_tir.dlight.analysis import get_sblock_info
+from tvm.target import Target
+
+from ..host import cache_sizes, target_features
+from ..microkernels import Microkernel, has_gemm_kernels
+from ..thread_pool import num_threads
+from .accumulate import reduction_blocks
+from .gemm.analysis import GemmBlock, match_gemm
+from .gemm.heuristics import GemmKnobs, GemmShape, divisors, select
+from .gemm.template import attach_gemm_epilogue, candidate_kernels, tensorize_gemm, tile_gemm
+from .parallel_vectorize import inline_free_producers
+from .template import Template, adjacent
+
+#: Loop annotation of the merged loop: the chain's layers and rows per block.
+CHAIN_ANNOTATION = "hybrid.gemm_chain"
+
+
+@dataclasses.dataclass(frozen=True)
+class ChainShape:
+    """``layers`` GEMMs of ``m`` rows: each layer's ``(n, k, panel)`` (``n`` and ``k`` as
+    packed, ``panel`` the packed weights' width)."""
+
+    m: int
+    layers: tuple[tuple[int, int, int], ...]
+
+
+@dataclasses.dataclass
+class GemmChain:
+    """The chain found in a function: its GEMM blocks in order (the last is ``block``)."""
+
+    gemms: list[GemmBlock]
+    shape: ChainShape
+
+    @property
+    def block(self):
+        return self.gemms[-1].block
+
+
+@dataclasses.dataclass(frozen=True)
+class ChainKnobs:
+    """Rows per block and each layer's microkernel."""
+
+    rows: int
+    kernels: tuple[Microkernel, ...]
+
+    @property
+    def key(self) -> str:
+        return f"{self.rows}/" + "/".join(k.name for k in self.kernels)
+
+    def describe(self) -> str:
+        tiles = ", ".join(f"{k.isa} {k.mr}x{k.nr}" for k in self.kernels)
+        return f"blocks of {self.rows} rows, microkernels {tiles}"
+
+    def as_dict(self) -> dict:
+        return {"template": "gemm_chain", "rows": self.rows,
+                "kernels": [k.name for k in self.kernels]}
+
+    def layer_knobs(self, gemm: GemmBlock, kernel: Microkernel) -> GemmKnobs:
+        """The GEMM template's knobs of one layer: one block of ``rows`` rows, every column."""
+        return GemmKnobs(kernel, self.rows // kernel.mr, gemm.shape.n // kernel.nr, "nm")
+
+
+class GemmChainTemplate(Template):
+    """Schedule a chain of GEMM layers in one parallel loop (module docstring)."""
+
+    name = "gemm_chain"
+    title = "GEMM chain template"
+
+    def available(self, target: Target) -> bool:
+        return has_gemm_kernels(target)
+
+    def match(self, sch: s_tir.Schedule, target: Target) -> list[GemmChain] | None:
+        gemms = prepare_chain(sch)
+        if not gemms or len(gemms) < 2:
+            return None
+        chain = match_chain(sch, gemms)
+        return [chain] if chain is not None else None
+
+    def heuristic(self, workload: GemmChain, target: Target) -> ChainKnobs | None:
+        options = self.variants(workload, target)
+        return options[0] if options else None
+
+    def fits(self, workload: GemmChain, knobs: ChainKnobs, target: Target) -> bool:
+        if len(knobs.kernels) != len(workload.gemms) or workload.shape.m % knobs.rows:
+            return False
+        for gemm, kernel in zip(workload.gemms, knobs.kernels):
+            if not set(kernel.features) <= target_features(target) or kernel.per_block:
+                return False
+            if kernel not in candidate_kernels(gemm, target) or knobs.rows % kernel.mr:
+                return False
+        return True
+
+    def schedule(self, sch: s_tir.Schedule, workload: GemmChain, knobs: ChainKnobs):
+        layers = [(gemm, knobs.layer_knobs(gemm, kernel))
+                  for gemm, kernel in zip(workload.gemms, knobs.kernels)]
+        loops = [tile_gemm(sch, gemm, layer) for gemm, layer in layers]
+        # Each layer's epilogue into its tiles first: the merged loop takes the last
+        # layer's place, after the earlier layers' epilogue blocks.
+        for gemm, _ in layers:
+            attach_gemm_epilogue(sch, gemm)
+        merged = sch.merge(*loops)
+        sch.parallel(merged)
+        for gemm, layer in layers:
+            tensorize_gemm(sch, gemm, layer)
+        sch.annotate(merged, CHAIN_ANNOTATION, f"{len(layers)} layers, {knobs.rows} rows a block")
+        return merged
+
+    def flops(self, workload: GemmChain) -> float:
+        m = workload.shape.m
+        return float(sum(2 * m * n * k for n, k, _ in workload.shape.layers))
+
+    def variants(self, workload: GemmChain, target: Target) -> list[ChainKnobs]:
+        return chain_variants(workload.shape, target)
+
+    def neighbours(self, workload: GemmChain, knobs: ChainKnobs,
+                   target: Target) -> list[ChainKnobs]:
+        by_rows = {k.rows: k for k in self.variants(workload, target)}
+        return [by_rows[rows] for rows in adjacent(sorted(by_rows), knobs.rows)]
+
+    def random(self, workload: GemmChain, target: Target, rng: random.Random) -> ChainKnobs:
+        return rng.choice(self.variants(workload, target))
+
+    def size(self, workload: GemmChain, target: Target) -> int:
+        return len(self.variants(workload, target))
+
+    def knobs_from_dict(self, data: dict) -> ChainKnobs:
+        from ..microkernels import microkernel_by_name
+
+        return ChainKnobs(int(data["rows"]),
+                          tuple(microkernel_by_name(n) for n in data["kernels"]))
+
+
+def chain_variants(shape: ChainShape, target: Target) -> list[ChainKnobs]:
+    """The knobs a chain of ``shape`` can take on ``target``, the heuristic's first (empty:
+    the template would decline it, so no chain should be formed)."""
+    threads = int(target.attrs.get("num-cores", 0)) or num_threads()
+    out = []
+    for rows in row_choices(shape, threads):
+        kernels = []
+        for n, k, panel in shape.layers:
+            fitting = [kern for kern in select(target, "float32", GemmShape(1, shape.m, n, k),
+                                               panel=panel)
+                       if rows % kern.mr == 0 and not kern.per_block]
+            if not fitting:
+                break
+            kernels.append(fitting[0])
+        else:
+            out.append(ChainKnobs(rows, tuple(kernels)))
+    return out
+
+
+def row_choices(shape: ChainShape, threads: int) -> list[int]:
+    """Rows per block, the heuristic's first: the row blocks split evenly over the threads
+    (as few blocks as that allows), each block's widest ``A`` within a quarter of L2."""
+    budget = cache_sizes().l2 // 4
+    widest = max(k for _, k, _ in shape.layers)
+    out = []
+    for rows in sorted(divisors(shape.m), reverse=True):
+        blocks = shape.m // rows
+        if blocks < threads or blocks % threads or rows * widest * 4 > budget:
+            continue
+        out.append(rows)
+    return out
+
+
+def prepare_chain(sch: s_tir.Schedule) -> list[GemmBlock] | None:
+    """Inline the free producers of the first reduction only (a layer's epilogue must stay a
+    block, for the tile's write-back, not be recomputed in the next layer's ``K`` loop); the
+    GEMM blocks found, or None when ``sch`` has opaque blocks."""
+    root = sch.get_sblock("root")
+    infos = [get_sblock_info(sch, b) for b in sch.get_child_blocks(root)]
+    if any("O" in info.dom_kind() for info in infos):
+        return None
+    first = next((n for n, info in enumerate(infos) if info.is_reduction()), None)
+    if first is None:
+        return None
+    inline_free_producers(sch, infos[:first])
+    gemms = [match_gemm(sch, block) for block in reduction_blocks(sch)]
+    return None if any(g is None for g in gemms) else gemms
+
+
+def match_chain(sch: s_tir.Schedule, gemms: list[GemmBlock]) -> GemmChain | None:
+    """``gemms`` as a chain of 2-D fp32 packed layers of one ``M``, each reading the previous
+    one's output (through elementwise blocks only), else None."""
+    if any(g.shape.batch != 1 or g.packed_nr is None or g.dtype != "float32" for g in gemms):
+        return None
+    m = gemms[0].shape.m
+    if any(g.shape.m != m for g in gemms):
+        return None
+    for before, after in zip(gemms, gemms[1:]):
+        if not _feeds(sch, before.block, after.block):
+            return None
+    shape = ChainShape(m, tuple((g.shape.n, g.shape.k, g.packed_nr) for g in gemms))
+    return GemmChain(gemms, shape)
+
+
+def _feeds(sch: s_tir.Schedule, producer, consumer) -> bool:
+    """Whether ``consumer`` reads what ``producer`` computes through a chain of single-consumer
+    non-reduction blocks."""
+    block = producer
+    for _ in range(16):
+        consumers = sch.get_consumers(block)
+        if len(consumers) != 1:
+            return False
+        nxt = consumers[0]
+        if sch.get(nxt).same_as(sch.get(consumer)):
+            return True
+        if any(iv.iter_type != 0 for iv in sch.get(nxt).iter_vars):
+            return False
+        block = nxt
+    return False
