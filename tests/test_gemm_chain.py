@@ -27,7 +27,7 @@ from tvm_hybrid.passes.gemm_chain import (
     MAX_CHAIN_ROWS,
     chain_wins,
 )
-from tvm_hybrid.pipeline import graph_passes, normalize_passes
+from tvm_hybrid.pipeline import fusion_passes, graph_passes, normalize_passes
 from tvm_hybrid.schedules.gemm.template import TEMPLATE_ANNOTATION
 from tvm_hybrid.schedules.gemm_chain import CHAIN_ANNOTATION
 from tvm_hybrid.tuning import extract_tasks
@@ -39,11 +39,12 @@ DIMS = (24, 64, 48, 16)
 
 
 def _graph(model, target, monkeypatch, mode: str) -> tvm.IRModule:
-    """``model`` after the graph passes (phase 2), chains in ``mode``."""
+    """``model`` just before ``FuseTIR`` (after ``FuseGemmChains``), chains in ``mode``."""
     monkeypatch.setenv(CHAINS_VARIABLE, mode)
     tgt = tvm_hybrid.make_target(target)
     with tgt:
-        passes = [*normalize_passes(tgt), *graph_passes(tgt)]
+        fusion = [p for p in fusion_passes(tgt) if p.info.name != "FuseTIR"]
+        passes = [*normalize_passes(tgt), *graph_passes(tgt), *fusion]
         return tvm.transform.Sequential(passes)(import_model(model).mod)
 
 
@@ -86,10 +87,11 @@ def _reference(wl, dims, final=None) -> np.ndarray:
 def test_layers_merge_into_one_chain_function(monkeypatch):
     wl = workloads.mlp(8, DIMS, final="Sigmoid")
     layers = _graph(wl.model, HASWELL, monkeypatch, "off")
-    assert len(_called(layers)) == 3 and all(
-        c.startswith("hybrid.matmul") for c in _called(layers)), _called(layers)
+    gemms = [c for c in _called(layers) if c.startswith("hybrid.matmul")]
+    assert len(gemms) == 3 and CHAIN_COMPOSITE not in _called(layers), _called(layers)
     chained = _graph(wl.model, HASWELL, monkeypatch, "auto")
-    assert _called(chained) == [CHAIN_COMPOSITE], _called(chained)
+    assert [c for c in _called(chained) if c.startswith("hybrid.")] == [CHAIN_COMPOSITE], \
+        _called(chained)
     (chain,) = [f for f in chained.functions.values()
                 if (f.attrs or {}).get("Composite") == CHAIN_COMPOSITE]
     text = chain.script()
@@ -148,6 +150,7 @@ def test_the_cost_model():
     (8, DIMS, "Sigmoid"),
     (32, (13, 512, 256, 128), None),  # the paper's MLP_1
     (24, (40, 96, 33, 1), "Sigmoid"),  # odd widths: padded panels sliced in the tile
+    (16, (64, 64, 64, 64), None),  # identical layers (one fused function, inlined thrice)
 ])
 def test_chain_kernel_matches_numpy_and_the_per_layer_kernels(target, batch, dims, final,
                                                               monkeypatch):
@@ -250,3 +253,23 @@ def test_gemm_layers_as_exporters_write_them_chain(monkeypatch):
         want = np.maximum(want @ w.T + b, 0)
     np.testing.assert_allclose(np.asarray(compiled(data), "float64"), want, rtol=1e-5,
                                atol=1e-5 * max(float(np.abs(want).max()), 1.0))
+
+
+# --- integer layers ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target,reduce_range", [
+    pytest.param(ZNVER4, False, id="vnni", marks=pytest.mark.requires("avx512vnni")),
+    pytest.param(HASWELL, False, id="avx2-s16", marks=pytest.mark.requires("avx2", "fma")),
+    pytest.param(HASWELL, True, id="avx2-7bit", marks=pytest.mark.requires("avx2", "fma")),
+])
+def test_quantized_mlp_chains_bit_exact(target, reduce_range, monkeypatch):
+    """QDQ layers: u8 activations requantized in each layer's write-back feed the next layer's
+    integer microkernel inside the chain; outputs equal the integer reference bit for bit."""
+    wl = workloads.qdq_mlp(32, (13, 512, 256, 128), reduce_range=reduce_range)
+    monkeypatch.setenv(CHAINS_VARIABLE, "auto")
+    compiled = tvm_hybrid.compile(wl.model, target)
+    (chain,) = [n for n in compiled.kernel_names() if "gemm_chain" in n]
+    script = compiled.lowered[chain].script()
+    assert script.count(f'"{TEMPLATE_ANNOTATION}"') == 3 and script.count("T.parallel(") == 1
+    np.testing.assert_array_equal(compiled(**wl.inputs), workloads.qdq_reference(wl))

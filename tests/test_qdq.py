@@ -18,6 +18,21 @@ from tvm_hybrid.passes.qdq import (
 pytestmark = pytest.mark.requires("avx2")
 
 
+
+def _gemm_layers(model) -> list[str]:
+    """The GEMM template's note on each integer GEMM layer of ``model`` (one per layer, whether
+    the layer is a kernel of its own or part of an MLP chain: tests/test_gemm_chain.py)."""
+    import re
+
+    notes = []
+    for gvar, func in model.lowered.functions.items():
+        name = gvar.name_hint
+        if isinstance(func, tvm.tirx.PrimFunc) and ("int8_packed_matmul" in name
+                                                    or "gemm_chain" in name):
+            notes += re.findall(r'"hybrid.gemm_template": "([^"]+)"', func.script())
+    return notes
+
+
 def test_quantized_multiplier_is_accurate():
     real = np.array([1e-6, 3.3e-3, 0.5, 0.9999999, 1.0, 7.25])
     m, s = quantized_multiplier(real)
@@ -58,7 +73,8 @@ def test_bias_keeps_output_precision_when_the_output_scale_is_finer(ratio):
     (32, (13, 512, 256, 128)),        # MLP_1: K = 13 is zero-padded to 16
     (5, (100, 36, 20, 7)),
 ])
-def test_qdq_mlp_is_bit_exact_and_int8_between_layers(batch, dims):
+def test_qdq_mlp_is_bit_exact_and_int8_between_layers(batch, dims, monkeypatch):
+    monkeypatch.setenv("TVM_HYBRID_GEMM_CHAINS", "off")  # one kernel per layer, to inspect
     wl = workloads.qdq_mlp(batch, dims)
     model = tvm_hybrid.compile(wl.model)
     np.testing.assert_array_equal(model(**wl.inputs), workloads.qdq_reference(wl))
@@ -90,12 +106,8 @@ def test_qdq_gemm_kernels_use_the_template(mcpu, instruction, isa):
     """Compiled for a named CPU (not run): every QDQ GEMM kernel is on the template."""
     wl = workloads.qdq_mlp(32, (256, 128, 64))
     model = tvm_hybrid.compile(wl.model, {"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
-    gemms = 0
-    for gvar, func in model.lowered.functions.items():
-        if isinstance(func, tvm.tirx.PrimFunc) and "int8_packed_matmul" in gvar.name_hint:
-            assert "hybrid.gemm_template" in func.script() and isa in func.script()
-            gemms += 1
-    assert gemms == 2
+    layers = _gemm_layers(model)
+    assert len(layers) == 2 and all(isa in note for note in layers), layers
     asm = model.inspect_source("asm")
     assert instruction in asm and "vpmaddubsw" not in asm
 
@@ -103,7 +115,7 @@ def test_qdq_gemm_kernels_use_the_template(mcpu, instruction, isa):
 def test_qdq_without_vnni_uses_the_exact_avx2_kernel():
     wl = workloads.qdq_mlp(8, (64, 32, 16))
     model = tvm_hybrid.compile(wl.model, {"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
-    assert [n for n in model.kernel_names() if "int8_packed_matmul" in n]
+    assert len(_gemm_layers(model)) == 2, model.kernel_names()
     np.testing.assert_array_equal(model(**wl.inputs), workloads.qdq_reference(wl))
 
 
@@ -113,9 +125,8 @@ def test_qdq_reduce_range_weights_take_vpmaddubsw_without_vnni(reduce_range, isa
     8-bit ones on s16; both bit-exact against the integer reference (haswell code, run here)."""
     wl = workloads.qdq_mlp(32, (13, 512, 256, 128), reduce_range=reduce_range)
     model = tvm_hybrid.compile(wl.model, {"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
-    gemms = [func.script() for gvar, func in model.lowered.functions.items()
-             if isinstance(func, tvm.tirx.PrimFunc) and "int8_packed_matmul" in gvar.name_hint]
-    assert len(gemms) == 3 and all(isa in script for script in gemms)
+    layers = _gemm_layers(model)
+    assert len(layers) == 3 and all(isa in note for note in layers), layers
     np.testing.assert_array_equal(model(**wl.inputs), workloads.qdq_reference(wl))
 
 

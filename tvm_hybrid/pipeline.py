@@ -81,8 +81,6 @@ def graph_passes(target: Target, precision: str = "fp32",
         *_noted(recorder, FuseGemmEpilogues()),
         # Inside the fused groups too, so after the grouping.
         FastMath(),
-        # Whole fused layers merge into chains, so after the epilogue grouping.
-        FuseGemmChains(target, recorder=recorder),
     ]
 
 
@@ -94,6 +92,9 @@ def fusion_passes(target: Target, recorder=None) -> list[tvm.transform.Pass]:
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         *_noted(recorder, relax.transform.FuseOps()),
+        # Whole fused layers (an integer GEMM meets its requantization in FuseOps) merge into
+        # chains, before FuseTIR makes each group one PrimFunc.
+        FuseGemmChains(target, recorder=recorder),
         relax.transform.FuseTIR(),
         *([recorder.record_kernels()] if recorder is not None else []),
     ]

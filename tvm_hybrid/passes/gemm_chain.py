@@ -1,8 +1,10 @@
 """``FuseGemmChains``: consecutive GEMM layers (an MLP) into one kernel, the paper's coarse-grain
 fusion of MLP chains.
 
-After :class:`~.fuse_epilogues.FuseGemmEpilogues` every ``matmul`` + epilogue is its own fused
-function, so an MLP of ``L`` layers is ``L`` kernels: ``L`` parallel loops (each a fork and a
+After ``FuseOps`` every packed GEMM and its epilogue is its own fused function (an fp32
+``matmul`` with the epilogue :class:`~.fuse_epilogues.FuseGemmEpilogues` grouped, an integer
+GEMM with its requantization to the next layer's ``u8``), so an MLP of ``L`` layers is ``L``
+kernels: ``L`` parallel loops (each a fork and a
 join of the thread pool) and ``L`` VM calls, every intermediate written to memory by one loop
 and read back by the next. This pass merges a chain of such functions, where each layer's
 output feeds only the next layer's GEMM, into one function; the chain template
@@ -50,20 +52,25 @@ class _Layer:
     func: relax.Function
     rows: int
     shape: tuple[int, int, int]  # (n, k, panel) as packed
+    dtype: str  # the GEMM's A operand: "float32", "uint8" (VNNI) or "int16" (AVX2 s16)
     weight_bytes: int
 
 
+#: The packed GEMM kernels a chain takes, by the dtype of their ``A`` operand.
+_CHAINED = {KERNEL_NAMES["float32"]: ("float32",),
+            KERNEL_NAMES["uint8"]: ("uint8", "int16")}
+
+
 def _layer(mod: tvm.IRModule, binding: relax.Binding) -> _Layer | None:
-    """The fused fp32 GEMM layer ``binding`` calls (2-D input, unpadded rows), else None."""
+    """The fused GEMM layer (fp32 or integer) ``binding`` calls, with a 2-D input of unpadded
+    rows, else None."""
     if not isinstance(binding, relax.VarBinding):
         return None
     call = binding.value
     if not (isinstance(call, relax.Call) and isinstance(call.op, relax.GlobalVar)):
         return None
     func = mod[call.op]
-    attrs = func.attrs or {}
-    if not (isinstance(func, relax.Function)
-            and str(attrs.get("Composite", "")).startswith("hybrid.matmul")):
+    if not (isinstance(func, relax.Function) and (func.attrs or {}).get("Primitive")):
         return None
     body = func.body
     if not (isinstance(body, relax.SeqExpr) and len(body.blocks) == 1 and body.blocks[0].bindings):
@@ -72,18 +79,24 @@ def _layer(mod: tvm.IRModule, binding: relax.Binding) -> _Layer | None:
     if not (isinstance(first, relax.Call) and first.op.same_as(tvm.ir.Op.get("relax.call_tir"))):
         return None
     kernel, args = first.args[0], first.args[1].fields
-    if kernel.name_hint.rstrip("0123456789") != KERNEL_NAMES["float32"]:
-        return None
-    if not (len(args) == 2 and args[0].same_as(func.params[0])):
+    if not (len(args) >= 2 and args[0].same_as(func.params[0])):
         return None
     x_shape, packed, out_shape = _shape(args[0]), _shape(args[1]), _shape(binding.var)
-    if x_shape is None or out_shape is None or packed is None or len(packed) != 3:
+    if x_shape is None or out_shape is None or packed is None or len(packed) not in (3, 4):
         return None
     if len(x_shape) != 2 or len(out_shape) != 2 or x_shape[0] != out_shape[0]:
         return None
-    panels, k, panel = packed
-    weights = sum(int(np.prod(shape)) * 4 for shape in map(_shape, call.args[1:]) if shape)
-    return _Layer(binding, func, x_shape[0], (panels * panel, k, panel), weights)
+    dtype = str(args[0].ty.dtype)
+    if dtype not in _CHAINED.get(kernel.name_hint.rstrip("0123456789"), ()):
+        return None
+    panels, groups, panel = packed[:3]
+    k = groups * (packed[3] if len(packed) == 4 else 1)
+    weights = sum(int(np.prod(_shape(a))) * _itemsize(a) for a in call.args[1:] if _shape(a))
+    return _Layer(binding, func, x_shape[0], (panels * panel, k, panel), dtype, weights)
+
+
+def _itemsize(expr: relax.Expr) -> int:
+    return np.dtype(str(expr.ty.dtype)).itemsize if str(expr.ty.dtype) != "bfloat16" else 2
 
 
 def _shape(expr: relax.Expr) -> tuple[int, ...] | None:
@@ -120,7 +133,9 @@ def chain_mode() -> str:
 
 @tvm.transform.module_pass(opt_level=0, name="FuseGemmChains")
 class FuseGemmChains:
-    """Merge chains of fused fp32 GEMM layers into one function each (module docstring).
+    """Merge chains of fused GEMM layers (fp32 or integer: VNNI, AVX2 s16 or ``vpmaddubsw``)
+    into one function each, before ``FuseTIR`` (module docstring). bf16 layers and layers
+    the GEMM template puts on AMX tiles stay on their own.
 
     Parameters
     ----------
@@ -225,7 +240,8 @@ class FuseGemmChains:
     def _accepts(self, layers: list[_Layer]) -> bool:
         if len(layers) < 2:
             return True
-        shape = ChainShape(layers[0].rows, tuple(layer.shape for layer in layers))
+        shape = ChainShape(layers[0].rows, tuple(layer.shape for layer in layers),
+                           tuple(layer.dtype for layer in layers))
         if not chain_variants(shape, self.target):
             return False
         return self.mode == "all" or chain_wins(

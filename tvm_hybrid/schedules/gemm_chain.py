@@ -46,10 +46,12 @@ CHAIN_ANNOTATION = "hybrid.gemm_chain"
 @dataclasses.dataclass(frozen=True)
 class ChainShape:
     """``layers`` GEMMs of ``m`` rows: each layer's ``(n, k, panel)`` (``n`` and ``k`` as
-    packed, ``panel`` the packed weights' width)."""
+    packed, ``panel`` the packed weights' width) and the dtype of its ``A`` (``"float32"``,
+    ``"uint8"`` or ``"int16"``)."""
 
     m: int
     layers: tuple[tuple[int, int, int], ...]
+    dtypes: tuple[str, ...]
 
 
 @dataclasses.dataclass
@@ -165,11 +167,11 @@ def chain_variants(shape: ChainShape, target: Target) -> list[ChainKnobs]:
     out = []
     for rows in row_choices(shape, threads):
         kernels = []
-        for n, k, panel in shape.layers:
-            fitting = [kern for kern in select(target, "float32", GemmShape(1, shape.m, n, k),
-                                               panel=panel)
-                       if rows % kern.mr == 0 and not kern.per_block]
-            if not fitting:
+        for (n, k, panel), dtype in zip(shape.layers, shape.dtypes):
+            ranked = select(target, dtype, GemmShape(1, shape.m, n, k), panel=panel)
+            fitting = [kern for kern in ranked if rows % kern.mr == 0]
+            # A layer the GEMM template would put on per-block tiles (AMX) stays on its own.
+            if not fitting or ranked[0].per_block or fitting[0].per_block:
                 break
             kernels.append(fitting[0])
         else:
@@ -208,9 +210,10 @@ def prepare_chain(sch: s_tir.Schedule) -> list[GemmBlock] | None:
 
 
 def match_chain(sch: s_tir.Schedule, gemms: list[GemmBlock]) -> GemmChain | None:
-    """``gemms`` as a chain of 2-D fp32 packed layers of one ``M``, each reading the previous
-    one's output (through elementwise blocks only), else None."""
-    if any(g.shape.batch != 1 or g.packed_nr is None or g.dtype != "float32" for g in gemms):
+    """``gemms`` as a chain of 2-D packed fp32 or integer layers of one ``M``, each reading the
+    previous one's output (through elementwise blocks only), else None."""
+    if any(g.shape.batch != 1 or g.packed_nr is None
+           or g.dtype not in ("float32", "uint8", "int16") for g in gemms):
         return None
     m = gemms[0].shape.m
     if any(g.shape.m != m for g in gemms):
@@ -218,7 +221,8 @@ def match_chain(sch: s_tir.Schedule, gemms: list[GemmBlock]) -> GemmChain | None
     for before, after in zip(gemms, gemms[1:]):
         if not _feeds(sch, before.block, after.block):
             return None
-    shape = ChainShape(m, tuple((g.shape.n, g.shape.k, g.packed_nr) for g in gemms))
+    shape = ChainShape(m, tuple((g.shape.n, g.shape.k, g.packed_nr) for g in gemms),
+                       tuple(g.dtype for g in gemms))
     return GemmChain(gemms, shape)
 
 
