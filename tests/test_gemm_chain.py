@@ -132,6 +132,8 @@ def test_the_cost_model():
     assert chain_wins(32, 700 << 10, caches, threads=2)
     assert chain_wins(MAX_CHAIN_ROWS, 9 << 20, caches, threads=2)  # weights in half the L3
     assert not chain_wins(1, 1 << 10, caches, threads=2)  # fewer rows than threads
+    assert chain_wins(8, 1 << 10, caches, threads=2)
+    assert not chain_wins(32, 1 << 10, caches, threads=16)  # 2 rows a thread: thin tiles
     assert not chain_wins(MAX_CHAIN_ROWS * 2, 1 << 10, caches, threads=2)
     assert not chain_wins(32, 17 << 20, caches, threads=2)  # streams from memory per core
     small_l3 = CacheSizes(l1d=32 << 10, l2=512 << 10, l3=0)

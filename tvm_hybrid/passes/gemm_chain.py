@@ -15,7 +15,7 @@ between layers).
 The cost model (:func:`chain_wins`): every core then reads every layer's weights, not its
 share, so a chain is formed only while the weights stay in the caches (a core's L2 or half
 the shared L3) and the batch is small enough that the per-layer kernels' forks, joins and
-calls are a visible share, with one row block per thread at least. ``TVM_HYBRID_GEMM_CHAINS``
+calls are a visible share, with a few rows per thread at least. ``TVM_HYBRID_GEMM_CHAINS``
 (``auto``, ``off``, ``all``) overrides it, to measure one against the other.
 """
 
@@ -40,6 +40,8 @@ CHAIN_COMPOSITE = "hybrid.gemm_chain"
 #: The environment variable choosing the mode (:func:`chain_mode`).
 CHAINS_VARIABLE = "TVM_HYBRID_GEMM_CHAINS"
 CHAIN_MODES = ("auto", "off", "all")
+#: Fewest rows per thread a chain is formed for.
+MIN_ROWS_PER_THREAD = 4
 #: Most rows a chain is formed for (larger batches keep the per-layer kernels' N split).
 MAX_CHAIN_ROWS = 256
 #: Share of a core's L2 the chain's weights may take (each core streams all of them).
@@ -112,11 +114,13 @@ def _shape(expr: relax.Expr) -> tuple[int, ...] | None:
 def chain_wins(rows: int, weight_bytes: int, caches: CacheSizes, threads: int) -> bool:
     """The cost model: chain ``rows``-row layers whose weights total ``weight_bytes``.
 
-    One row block per thread at least, at most :data:`MAX_CHAIN_ROWS` rows (measured up to
-    there: 1.02-1.50x over the per-layer kernels, ``python/benchmarks/mlp_chain.py``), and the
+    At least :data:`MIN_ROWS_PER_THREAD` rows per thread (thinner blocks would run on thin
+    register tiles, while the per-layer kernels split ``N`` over the cores), at most
+    :data:`MAX_CHAIN_ROWS` rows (measured from 4 rows per thread up to there on 2 cores:
+    1.03-1.40x over the per-layer kernels, ``python/benchmarks/mlp_chain.py``), and the
     weights within a core's L2 or half the L3, since every core reads all of them (from
     memory they would cost each core the whole stream)."""
-    if not threads <= rows <= MAX_CHAIN_ROWS:
+    if not MIN_ROWS_PER_THREAD * threads <= rows <= MAX_CHAIN_ROWS:
         return False
     return weight_bytes <= max(_L2_SHARE * caches.l2, caches.l3 // 2)
 
