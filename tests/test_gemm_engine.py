@@ -296,6 +296,44 @@ def test_epilogue_patterns_fuse(activation, rng):
     _close(model(x), want)
 
 
+def _hardswish_gemm(m: int, k: int, n: int, rng) -> tuple[onnx.ModelProto, np.ndarray,
+                                                            np.ndarray]:
+    """``x @ w + b`` then HardSwish spelled as exporters do, with a division by 6."""
+    w = (rng.standard_normal((k, n)) * 0.1).astype("float32")
+    b = rng.standard_normal(n).astype("float32")
+    consts = {"three": 3.0, "zero": 0.0, "six": 6.0}
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")]
+    inits += [numpy_helper.from_array(np.array(v, "float32"), name) for name, v in consts.items()]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
+             helper.make_node("Add", ["h", "b"], ["hb"]),
+             helper.make_node("Add", ["hb", "three"], ["h3"]),
+             helper.make_node("Clip", ["h3", "zero", "six"], ["r6"]),
+             helper.make_node("Mul", ["hb", "r6"], ["hr"]),
+             helper.make_node("Div", ["hr", "six"], ["y"])]
+    x = rng.standard_normal((m, k)).astype("float32")
+    hb = x.astype("float64") @ w + b
+    return _model(nodes, [_value("x", (m, k))], [_value("y", (m, n))], inits), x, \
+        hb * np.clip(hb + 3, 0, 6) / 6
+
+
+@pytest.mark.parametrize("mcpu,register,lanes", [("haswell", "ymm", 8), ("znver4", "zmm", 16)])
+def test_epilogue_of_a_padded_panel_is_vectorised(mcpu, register, lanes, rng):
+    """208 columns pad the weights' last panel (24 or 32 columns wide); the guarded write-back
+    runs in whole vectors (a guard on single lanes made TVM scalarise the epilogue: a scalar
+    division per element)."""
+    proto, x, want = _hardswish_gemm(96, 48, 208, rng)
+    model = tvm_hybrid.compile(proto, {"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
+    (kernel,) = model.kernel_names()
+    script = model.lowered[kernel].script()
+    assert "T.where" in script  # the padded columns are guarded
+    assert f"T.vectorized(T.int64({lanes}))" in script
+    asm = model.inspect_source("asm")
+    assert re.search(rf"vdivps\s[^\n]*%{register}", asm), "the division is not vectorised"
+    assert "vdivss" not in asm
+    if mcpu == "haswell" or "avx512f" in tvm_hybrid.host.host_features():
+        _close(model(x), want)
+
+
 def test_weights_prepacked_at_compile_time():
     """No layout transform is left in main; the packed constant is what the kernel reads."""
     k, n = 40, 50

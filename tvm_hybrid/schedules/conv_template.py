@@ -228,7 +228,7 @@ def schedule_conv(sch: s_tir.Schedule, block, shape: ConvShape, knobs: ConvKnobs
     sch.reorder(b, y, o_outer, x_outer, ky, kx, x_tiles, x_inner, o_inner, c)
     blocks = sch.fuse(b, y, o_outer, preserve_unit_iters=True)
     sch.parallel(blocks)
-    accumulate_in_tile(sch, block, x_outer, ky)
+    accumulate_in_tile(sch, block, x_outer, ky, kernel.lanes)
     sch.tensorize(x_inner, tensor_intrin(kernel, shape.depth))
     sch.annotate(x_outer, TEMPLATE_ANNOTATION,
                  f"{kernel.isa} {kernel.mr}x{kernel.nr} microkernel, direct convolution, "

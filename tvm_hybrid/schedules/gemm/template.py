@@ -201,7 +201,7 @@ def tensorize_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
     """Zero the accumulators and put the microkernel in; return the tile loop."""
     kernel = knobs.kernel
     _blocks, _outer_tiles, tile, ii, *_rest = sch.get_loops(gemm.block)
-    decompose_accumulator(sch, gemm.block, tile, ii)
+    decompose_accumulator(sch, gemm.block, tile, ii, kernel.lanes)
     sch.tensorize(ii, tensor_intrin(kernel, gemm.shape.k))
     # Visible in the scheduled TIR (CompiledModel.lowered), for users and tests. The block
     # sizes are left out: they are decisions a tuner may change after this string is written
@@ -236,7 +236,7 @@ def schedule_block_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
     sch.reorder(*batch, io, jo, ii, ji, k)
     blocks = sch.fuse(*batch, io, jo, preserve_unit_iters=True)
     sch.parallel(blocks)
-    accumulate_in_tile(sch, block, blocks, ii)
+    accumulate_in_tile(sch, block, blocks, ii, kernel.lanes)
     sch.tensorize(ii, tensor_intrin(kernel, gemm.shape.k, (rows, cols)))
     sch.annotate(blocks, TEMPLATE_ANNOTATION,
                  f"{kernel.isa} {kernel.in_dtype} {kernel.mr}x{kernel.nr} tiles per block, "
