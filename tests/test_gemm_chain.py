@@ -200,10 +200,10 @@ def test_the_chain_is_tunable_through_the_template_space():
     assert heuristic[0].rows == 16  # one 16-row block per thread
     moves = space.neighbours(heuristic)
     assert moves and space.size() >= len(moves) + 1
+    assert all(config_key(c) != config_key(heuristic) for c in moves)
     for config in [heuristic, *moves]:
         assert tuple(knobs_from_dict(json.loads(json.dumps(k.as_dict()))) for k in config) \
             == config
-        assert config_key(config) != config_key(heuristic) or config == heuristic
     extents = re.findall(r"T\.parallel\(T\.int64\((\d+)\)", space.schedule(moves[0]).mod[
         "main"].script())
     assert extents == [str(32 // moves[0][0].rows)]
@@ -275,3 +275,87 @@ def test_quantized_mlp_chains_bit_exact(target, reduce_range, monkeypatch):
     script = compiled.lowered[chain].script()
     assert script.count(f'"{TEMPLATE_ANNOTATION}"') == 3 and script.count("T.parallel(") == 1
     np.testing.assert_array_equal(compiled(**wl.inputs), workloads.qdq_reference(wl))
+
+
+def _activation_mlp(activation: str, dims=(24, 64, 48, 16), batch=16, seed=3):
+    """An MLP whose hidden layers end in ``activation`` spelled as exporters write it, and its
+    float64 reference."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    nodes, inits, x = [], [], "x"
+    consts = {"three": 3.0, "zero": 0.0, "six": 6.0, "half": 0.5, "one": 1.0,
+              "sqrt2": float(np.sqrt(2.0))}
+    inits += [numpy_helper.from_array(np.array(v, "float32"), n) for n, v in consts.items()]
+    weights = []
+    for n, (k, m) in enumerate(zip(dims[:-1], dims[1:])):
+        w = (rng.standard_normal((k, m)) / np.sqrt(k)).astype("float32")
+        b = (rng.standard_normal(m) * 0.1).astype("float32")
+        weights.append((w, b))
+        inits += [numpy_helper.from_array(w, f"W{n}"), numpy_helper.from_array(b, f"b{n}")]
+        h = f"h{n}"
+        nodes += [helper.make_node("MatMul", [x, f"W{n}"], [f"m{n}"]),
+                  helper.make_node("Add", [f"m{n}", f"b{n}"], [h])]
+        if n == len(dims) - 2:
+            x = h
+            break
+        if activation == "hardswish":  # h * clip(h + 3, 0, 6) / 6: h has two consumers
+            nodes += [helper.make_node("Add", [h, "three"], [f"a{n}"]),
+                      helper.make_node("Clip", [f"a{n}", "zero", "six"], [f"c{n}"]),
+                      helper.make_node("Mul", [h, f"c{n}"], [f"p{n}"]),
+                      helper.make_node("Div", [f"p{n}", "six"], [f"y{n}"])]
+        elif activation == "silu":  # h * sigmoid(h)
+            nodes += [helper.make_node("Sigmoid", [h], [f"s{n}"]),
+                      helper.make_node("Mul", [h, f"s{n}"], [f"y{n}"])]
+        elif activation == "gelu":  # 0.5 * h * (1 + erf(h / sqrt(2)))
+            nodes += [helper.make_node("Div", [h, "sqrt2"], [f"d{n}"]),
+                      helper.make_node("Erf", [f"d{n}"], [f"e{n}"]),
+                      helper.make_node("Add", [f"e{n}", "one"], [f"o{n}"]),
+                      helper.make_node("Mul", [h, f"o{n}"], [f"q{n}"]),
+                      helper.make_node("Mul", [f"q{n}", "half"], [f"y{n}"])]
+        x = f"y{n}"
+    graph = helper.make_graph(
+        nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, dims[0]])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    data = rng.standard_normal((batch, dims[0])).astype("float32")
+    from math import erf
+
+    want = data.astype("float64")
+    for n, (w, b) in enumerate(weights):
+        want = want @ w.astype("float64") + b
+        if n < len(weights) - 1:
+            if activation == "hardswish":
+                want = want * np.clip(want + 3, 0, 6) / 6
+            elif activation == "silu":
+                want = want / (1 + np.exp(-want))
+            else:
+                want = 0.5 * want * (1 + np.vectorize(erf)(want / np.sqrt(2)))
+    return model, data, want
+
+
+@pytest.mark.requires("avx2", "fma")
+@pytest.mark.parametrize("activation", ["hardswish", "silu", "gelu"])
+def test_chains_of_layers_whose_activation_reads_its_input_twice(activation, monkeypatch):
+    """HardSwish, SiLU and GELU read the layer's output twice; the chain still takes every
+    layer on its microkernel in one parallel loop (not the per-layer fallback)."""
+    model, data, want = _activation_mlp(activation)
+    monkeypatch.setenv(CHAINS_VARIABLE, "auto")
+    compiled = tvm_hybrid.compile(model, HASWELL)
+    (chain,) = [n for n in compiled.kernel_names() if "gemm_chain" in n]
+    script = compiled.lowered[chain].script()
+    assert script.count(f'"{CHAIN_ANNOTATION}"') == 1 and script.count("T.parallel(") == 1
+    assert script.count(f'"{TEMPLATE_ANNOTATION}"') == 3
+    np.testing.assert_allclose(np.asarray(compiled(data), "float64"), want, rtol=1e-4,
+                               atol=1e-4 * max(float(np.abs(want).max()), 1.0))
+
+
+def test_the_compile_cache_keys_on_the_chain_mode(monkeypatch):
+    from tvm_hybrid.compile_cache import cache_key
+
+    target = tvm_hybrid.make_target(HASWELL)
+    keys = set()
+    for mode in ("auto", "off", "all"):
+        monkeypatch.setenv(CHAINS_VARIABLE, mode)
+        keys.add(cache_key(b"model", target, None, "fp32", "hybrid", None))
+    assert len(keys) == 3

@@ -134,7 +134,7 @@ def _gemm_flops(func: tirx.PrimFunc) -> tuple[float, str]:
     from .schedules.gemm_chain import prepare_chain
 
     try:
-        # A chain's layers first (the GEMM template's preparation would inline each layer's
+        # A chain's layers first (the GEMM template's preparation may inline a layer's
         # epilogue into the next layer, which then is no GEMM it recognises).
         gemms = prepare_chain(s_tir.Schedule(func)) or prepare(s_tir.Schedule(func)) or []
     except Exception:  # noqa: BLE001 - not analysable

@@ -32,7 +32,7 @@ from tvm.target import Target
 from ..host import cache_sizes, target_features
 from ..microkernels import Microkernel, has_gemm_kernels
 from ..thread_pool import num_threads
-from .accumulate import reduction_blocks
+from .accumulate import is_reduction, reduction_blocks
 from .gemm.analysis import GemmBlock, match_gemm
 from .gemm.heuristics import GemmKnobs, GemmShape, divisors, select
 from .gemm.template import attach_gemm_epilogue, candidate_kernels, tensorize_gemm, tile_gemm
@@ -123,11 +123,12 @@ class GemmChainTemplate(Template):
     def schedule(self, sch: s_tir.Schedule, workload: GemmChain, knobs: ChainKnobs):
         layers = [(gemm, knobs.layer_knobs(gemm, kernel))
                   for gemm, kernel in zip(workload.gemms, knobs.kernels)]
-        loops = [tile_gemm(sch, gemm, layer) for gemm, layer in layers]
+        loops = [tile_gemm(sch, gemm, layer, sampled=False) for gemm, layer in layers]
         # Each layer's epilogue into its tiles first: the merged loop takes the last
         # layer's place, after the earlier layers' epilogue blocks.
         for gemm, _ in layers:
             attach_gemm_epilogue(sch, gemm)
+        _check_attached(sch, workload.gemms, loops)
         merged = sch.merge(*loops)
         sch.parallel(merged)
         for gemm, layer in layers:
@@ -194,9 +195,10 @@ def row_choices(shape: ChainShape, threads: int) -> list[int]:
 
 
 def prepare_chain(sch: s_tir.Schedule) -> list[GemmBlock] | None:
-    """Inline the free producers of the first reduction only (a layer's epilogue must stay a
-    block, for the tile's write-back, not be recomputed in the next layer's ``K`` loop); the
-    GEMM blocks found, or None when ``sch`` has opaque blocks."""
+    """Inline the free producers of the first reduction, and each layer's elementwise
+    epilogue into one block (HardSwish, SiLU, GELU read the layer's output twice), but never
+    into the next layer (it would be recomputed in that layer's ``K`` loop); the GEMM blocks
+    found, or None when ``sch`` has opaque blocks."""
     root = sch.get_sblock("root")
     infos = [get_sblock_info(sch, b) for b in sch.get_child_blocks(root)]
     if any("O" in info.dom_kind() for info in infos):
@@ -205,8 +207,46 @@ def prepare_chain(sch: s_tir.Schedule) -> list[GemmBlock] | None:
     if first is None:
         return None
     inline_free_producers(sch, infos[:first])
+    _inline_epilogues(sch)
     gemms = [match_gemm(sch, block) for block in reduction_blocks(sch)]
     return None if any(g is None for g in gemms) else gemms
+
+
+def _inline_epilogues(sch: s_tir.Schedule) -> None:
+    """Inline every intermediate elementwise block none of whose consumers is a reduction."""
+    root = sch.get_sblock("root")
+    internal = list(sch.get(root).alloc_buffers)
+    changed = True
+    while changed:
+        changed = False
+        for block in sch.get_child_blocks(root):
+            if is_reduction(sch, block):
+                continue
+            writes = sch.get(block).writes
+            if not all(any(w.source.same_as(b) for b in internal) for w in writes):
+                continue  # writes a parameter: the function's output
+            consumers = sch.get_consumers(block)
+            if not consumers or any(is_reduction(sch, c) for c in consumers):
+                continue
+            try:
+                sch.compute_inline(block)
+            except s_tir.ScheduleError:
+                continue
+            changed = True
+            break
+
+
+def _check_attached(sch: s_tir.Schedule, gemms: list[GemmBlock], loops: list) -> None:
+    """Every block between two layers must be under the earlier layer's loop before the loops
+    merge (the merged loop takes the last layer's place: a block left outside it would run
+    before the rows it reads exist)."""
+    for gemm, nxt, loop in zip(gemms, gemms[1:], loops):
+        for block in _path(sch, gemm.block, nxt.block):
+            outer = sch.get_loops(block)
+            if not outer or not sch.get(outer[0]).same_as(sch.get(loop)):
+                raise s_tir.ScheduleError(
+                    f"block {sch.get(block).name_hint} between two layers stayed outside the "
+                    "first layer's tiles")
 
 
 def match_chain(sch: s_tir.Schedule, gemms: list[GemmBlock]) -> GemmChain | None:
@@ -229,15 +269,22 @@ def match_chain(sch: s_tir.Schedule, gemms: list[GemmBlock]) -> GemmChain | None
 def _feeds(sch: s_tir.Schedule, producer, consumer) -> bool:
     """Whether ``consumer`` reads what ``producer`` computes through a chain of single-consumer
     non-reduction blocks."""
-    block = producer
+    return _path(sch, producer, consumer) is not None
+
+
+def _path(sch: s_tir.Schedule, producer, consumer) -> list | None:
+    """The blocks from ``producer`` (excluded) to ``consumer`` (excluded) when they are a
+    chain of single-consumer non-reduction blocks, else None."""
+    block, path = producer, []
     for _ in range(16):
         consumers = sch.get_consumers(block)
         if len(consumers) != 1:
-            return False
+            return None
         nxt = consumers[0]
         if sch.get(nxt).same_as(sch.get(consumer)):
-            return True
-        if any(iv.iter_type != 0 for iv in sch.get(nxt).iter_vars):
-            return False
+            return path
+        if is_reduction(sch, nxt):
+            return None
+        path.append(nxt)
         block = nxt
-    return False
+    return None

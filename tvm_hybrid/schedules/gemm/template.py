@@ -158,21 +158,26 @@ def schedule_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
     return finish_gemm(sch, gemm, knobs)
 
 
-def tile_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
+def tile_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs, sampled: bool = True):
     """The template's loops for ``gemm`` (a vector microkernel) without the thread split:
     return the loop over blocks, serial (the caller parallelises it, or merges it with
-    another's first); :func:`finish_gemm` then puts the microkernel in."""
+    another's first); :func:`finish_gemm` then puts the microkernel in.
+
+    ``sampled``: the block sizes are ``sample_perfect_tile`` decisions a tuner may change; the
+    chain template fixes them instead (a draw that gave two layers different row blocks of
+    equal count would still merge, reading rows another iteration computes)."""
     kernel = knobs.kernel
     *batch, i, j, k = sch.get_loops(gemm.block)
     m_tiles, n_tiles = gemm.shape.m // kernel.mr, gemm.shape.n // kernel.nr
     io, ii = sch.split(i, [m_tiles, kernel.mr])
     jo, ji = sch.split(j, [n_tiles, kernel.nr])
-    m_split = sch.sample_perfect_tile(
-        io, n=2, max_innermost_factor=m_tiles, decision=[m_tiles // knobs.m_block, knobs.m_block]
-    )
-    n_split = sch.sample_perfect_tile(
-        jo, n=2, max_innermost_factor=n_tiles, decision=[n_tiles // knobs.n_block, knobs.n_block]
-    )
+    m_split = [m_tiles // knobs.m_block, knobs.m_block]
+    n_split = [n_tiles // knobs.n_block, knobs.n_block]
+    if sampled:
+        m_split = sch.sample_perfect_tile(io, n=2, max_innermost_factor=m_tiles,
+                                          decision=m_split)
+        n_split = sch.sample_perfect_tile(jo, n=2, max_innermost_factor=n_tiles,
+                                          decision=n_split)
     m_outer, m_inner = sch.split(io, m_split)
     n_outer, n_inner = sch.split(jo, n_split)
     tiles = (n_inner, m_inner) if knobs.order == "nm" else (m_inner, n_inner)
