@@ -19,10 +19,9 @@ import math
 
 import tvm
 from tvm import relax
-from tvm.ir.prim.expr import IntImm
 from tvm.script import tirx as T
 
-from .relax_rewrite import bound_value, is_op, rewrite_functions
+from .relax_rewrite import bound_value, is_op, rewrite_functions, static_shape
 
 #: Marker at the start of the kernel's error message (``CompiledModel`` looks for it).
 INDEX_ERROR = "tvm_hybrid.index_out_of_range"
@@ -43,15 +42,6 @@ class CheckIndices:
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         return rewrite_functions(mod, _Rewriter(mod), eliminate_dead_code=True)
-
-
-def _static_shape(ty) -> tuple[int, ...] | None:
-    if not isinstance(ty, relax.TensorType) or ty.shape is None:
-        return None
-    dims = getattr(ty.shape, "values", None)
-    if dims is None or not all(isinstance(d, IntImm) for d in dims):
-        return None
-    return tuple(int(d) for d in dims)
 
 
 def _extents(call: relax.Call, data_shape: tuple, index_shape: tuple) -> list[int] | None:
@@ -111,7 +101,7 @@ class _Rewriter(relax.PyExprMutator):
         data, indices = call.args[0], call.args[1]
         if isinstance(bound_value(self, indices), tvm.ir.GenericConst):
             return call
-        index_shape, data_shape = _static_shape(indices.ty), _static_shape(data.ty)
+        index_shape, data_shape = static_shape(indices), static_shape(data)
         if index_shape is None or data_shape is None:
             return call
         extents = _extents(call, data_shape, index_shape)

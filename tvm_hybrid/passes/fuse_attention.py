@@ -42,7 +42,6 @@ import logging
 
 import tvm
 from tvm import relax
-from tvm.ir.prim.expr import IntImm
 
 from ..schedules.attention import AttentionShape, attention_kernel, knobs_for
 from ..schedules.attention.bf16_kernel import (
@@ -65,6 +64,7 @@ from .relax_rewrite import (
     is_op,
     rewrite_functions,
     single_use_vars,
+    static_shape,
 )
 
 logger = logging.getLogger(__name__)
@@ -77,12 +77,9 @@ ATTENTION_PREP = "hybrid_attention_prep"
 
 def _shape(expr: relax.Expr, dtype: str = "float32") -> tuple[int, ...] | None:
     ty = getattr(expr, "ty", None)
-    if not isinstance(ty, relax.TensorType) or ty.shape is None or str(ty.dtype) != dtype:
+    if not isinstance(ty, relax.TensorType) or str(ty.dtype) != dtype:
         return None
-    dims = ty.shape.values
-    if not all(isinstance(d, IntImm) for d in dims):
-        return None
-    return tuple(int(d) for d in dims)
+    return static_shape(ty)
 
 
 def _axes(call: relax.Call) -> tuple[int, ...] | None:

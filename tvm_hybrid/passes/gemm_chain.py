@@ -26,7 +26,7 @@ import os
 
 import numpy as np
 import tvm
-from tvm import relax
+from tvm import DataType, relax
 from tvm.target import Target
 
 from ..errors import OptionError
@@ -34,6 +34,7 @@ from ..host import CacheSizes, cache_sizes
 from ..schedules.gemm_chain import ChainShape, chain_variants
 from ..thread_pool import num_threads
 from .packed_gemm import KERNEL_NAMES
+from .relax_rewrite import static_shape
 
 #: The Composite name of a merged chain (what the profile report and tests see).
 CHAIN_COMPOSITE = "hybrid.gemm_chain"
@@ -83,7 +84,7 @@ def _layer(mod: tvm.IRModule, binding: relax.Binding) -> _Layer | None:
     kernel, args = first.args[0], first.args[1].fields
     if not (len(args) >= 2 and args[0].same_as(func.params[0])):
         return None
-    x_shape, packed, out_shape = _shape(args[0]), _shape(args[1]), _shape(binding.var)
+    x_shape, packed, out_shape = (static_shape(e) for e in (args[0], args[1], binding.var))
     if x_shape is None or out_shape is None or packed is None or len(packed) not in (3, 4):
         return None
     if len(x_shape) != 2 or len(out_shape) != 2 or x_shape[0] != out_shape[0]:
@@ -93,22 +94,13 @@ def _layer(mod: tvm.IRModule, binding: relax.Binding) -> _Layer | None:
         return None
     panels, groups, panel = packed[:3]
     k = groups * (packed[3] if len(packed) == 4 else 1)
-    weights = sum(int(np.prod(_shape(a))) * _itemsize(a) for a in call.args[1:] if _shape(a))
+    weights = sum(int(np.prod(shape)) * _itemsize(a)
+                  for a in call.args[1:] if (shape := static_shape(a)) is not None)
     return _Layer(binding, func, x_shape[0], (panels * panel, k, panel), dtype, weights)
 
 
 def _itemsize(expr: relax.Expr) -> int:
-    return np.dtype(str(expr.ty.dtype)).itemsize if str(expr.ty.dtype) != "bfloat16" else 2
-
-
-def _shape(expr: relax.Expr) -> tuple[int, ...] | None:
-    info = expr.ty
-    if not isinstance(info, relax.TensorType) or info.shape is None:
-        return None
-    try:
-        return tuple(int(d) for d in info.shape.values)
-    except (TypeError, AttributeError):
-        return None
+    return DataType(str(expr.ty.dtype)).bits // 8
 
 
 def chain_wins(rows: int, weight_bytes: int, caches: CacheSizes, threads: int) -> bool:
@@ -125,14 +117,16 @@ def chain_wins(rows: int, weight_bytes: int, caches: CacheSizes, threads: int) -
     return weight_bytes <= max(_L2_SHARE * caches.l2, caches.l3 // 2)
 
 
-def chain_mode() -> str:
-    """:data:`CHAINS_VARIABLE`'s value: ``"auto"`` (default: the cost model decides),
-    ``"off"`` (per-layer kernels only) or ``"all"`` (every chain the template can take)."""
-    value = os.environ.get(CHAINS_VARIABLE, "").strip().lower() or "auto"
-    if value not in CHAIN_MODES:
-        raise OptionError(f"{CHAINS_VARIABLE} must be one of {', '.join(CHAIN_MODES)}, "
-                          f"got {value!r}")
-    return value
+def chain_mode(value: str | None = None) -> str:
+    """The chain mode ``value``, else :data:`CHAINS_VARIABLE`'s: ``"auto"`` (default: the
+    cost model decides), ``"off"`` (per-layer kernels only) or ``"all"`` (every chain the
+    template can take); :class:`OptionError` for anything else."""
+    given = value if value is not None else \
+        os.environ.get(CHAINS_VARIABLE, "").strip().lower() or "auto"
+    if given not in CHAIN_MODES:
+        source = "mode" if value is not None else CHAINS_VARIABLE
+        raise OptionError(f"{source} must be one of {', '.join(CHAIN_MODES)}, got {given!r}")
+    return given
 
 
 @tvm.transform.module_pass(opt_level=0, name="FuseGemmChains")
@@ -158,9 +152,7 @@ class FuseGemmChains:
         self.recorder = recorder
         self.threads = int(target.attrs.get("num-cores", 0)) or num_threads()
         self.caches = cache_sizes()
-        self.mode = chain_mode() if mode is None else mode
-        if self.mode not in CHAIN_MODES:
-            raise OptionError(f"mode must be one of {', '.join(CHAIN_MODES)}, got {mode!r}")
+        self.mode = chain_mode(mode)
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         if self.mode == "off":
@@ -179,9 +171,9 @@ class FuseGemmChains:
                     changed |= merged
                 blocks.append(block)
             if changed:
-                updates[gvar] = relax.Function(func.params, relax.SeqExpr(blocks, func.body.body),
-                                           func.ret_ty, func.is_pure, func.attrs,
-                                           func.span)
+                body = relax.SeqExpr(blocks, func.body.body)
+                updates[gvar] = relax.Function(func.params, body, func.ret_ty, func.is_pure,
+                                               func.attrs, func.span)
         if not count:
             return mod
         mod = builder.get()

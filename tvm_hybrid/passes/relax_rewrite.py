@@ -69,6 +69,17 @@ def is_static_tensor(ty, dtypes: tuple[str, ...], min_ndim: int = 2) -> bool:
             and all(isinstance(d, IntImm) for d in ty.shape.values))
 
 
+def static_shape(expr_or_ty) -> tuple[int, ...] | None:
+    """The static shape of a tensor expression (or of its type), else None."""
+    ty = getattr(expr_or_ty, "ty", expr_or_ty)
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    dims = getattr(ty.shape, "values", None)
+    if dims is None or not all(isinstance(d, IntImm) for d in dims):
+        return None
+    return tuple(int(d) for d in dims)
+
+
 def constant_value(mutator: relax.PyExprMutator, expr: relax.Expr) -> np.ndarray | None:
     """The numpy value of ``expr`` if it is a constant, a cast of one, or an integer sum or
     difference of such.

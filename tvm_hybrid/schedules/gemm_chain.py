@@ -30,7 +30,7 @@ from tvm.s_tir.dlight.analysis import get_sblock_info
 from tvm.target import Target
 
 from ..host import cache_sizes, target_features
-from ..microkernels import Microkernel, has_gemm_kernels
+from ..microkernels import Microkernel, has_gemm_kernels, microkernel_by_name
 from ..thread_pool import num_threads
 from .accumulate import is_reduction, reduction_blocks
 from .gemm.analysis import GemmBlock, match_gemm
@@ -155,8 +155,6 @@ class GemmChainTemplate(Template):
         return len(self.variants(workload, target))
 
     def knobs_from_dict(self, data: dict) -> ChainKnobs:
-        from ..microkernels import microkernel_by_name
-
         return ChainKnobs(int(data["rows"]),
                           tuple(microkernel_by_name(n) for n in data["kernels"]))
 
