@@ -75,12 +75,21 @@ GROUPED = [dict(group=2, k=3, pads=[1, 1, 1, 1]), dict(group=4, k=1, c=16, o=32)
 
 @pytest.mark.parametrize("case", GROUPED, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
 def test_grouped_conv_runs_a_dense_conv_per_group_on_the_engine(case):
-    """AlexNet's two-group and ShuffleNet's four-group convolutions: one engine kernel per
-    group on its channels (1x1 GEMM, direct or im2col), concatenated; no conv2d left."""
+    """AlexNet's two-group and ShuffleNet's four-group convolutions of few channels a group
+    or rows no tile divides: one engine kernel per group on its channels (1x1 GEMM, direct
+    or im2col), concatenated; no conv2d left. (Where ``grouped_panel`` allows, one kernel for
+    all groups: ``tests/test_grouped_conv.py``.)"""
+    from tvm_hybrid.host import host_target
+    from tvm_hybrid.passes.conv_gemm import grouped_panel
+
     model, x = _conv_model(**case)
     compiled = _compiles_and_matches(model, x)
     engine = [k for k in compiled.kernels.values() if _on_the_engine(k.name)]
     assert engine and {k.schedule for k in engine} == {"template"}
+    stride = case.get("strides", [1, 1])[0]
+    one = grouped_panel(host_target(), 11 // stride, case.get("o", 16) // case["group"],
+                        (stride, stride))
+    assert one is None  # these shapes keep a convolution per group on every CPU
     assert len(_engine_calls(compiled)) == case["group"]
     assert not [n for n in compiled.kernel_names() if "conv2d" in n]
 

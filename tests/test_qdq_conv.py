@@ -42,13 +42,15 @@ def _float_widths(main: str) -> set[int]:
 @pytest.mark.parametrize("channels, size, kernels, strides, activation", CASES)
 @pytest.mark.parametrize("mcpu", [None, "haswell"])
 def test_qdq_convs_are_bit_exact_on_the_integer_gemm(channels, size, kernels, strides,
-                                                     activation, mcpu):
+                                                     activation, mcpu, monkeypatch):
     """The host's integer kernels (VNNI where it has it) and the AVX2 ones (Haswell code, run
     here): as the integer reference (see :func:`_assert_within_a_step`); one integer GEMM per
     1x1 convolution, and
     per other convolution where the CPU has a u8 dot product (else that one is fp32), with
     the scale, bias, activation and quantization in its kernel; no fp32 activations between
-    integer layers."""
+    integer layers. (MLP chains off: consecutive small 1x1 convolutions would share one
+    chain kernel, ``tests/test_gemm_chain.py``.)"""
+    monkeypatch.setenv("TVM_HYBRID_GEMM_CHAINS", "off")
     wl = workloads.qdq_convs(channels, size, kernels=kernels, strides=strides,
                              activation=activation)
     target = "host" if mcpu is None else {"kind": "llvm", "mcpu": mcpu, "num-cores": 2}
@@ -63,9 +65,10 @@ def test_qdq_convs_are_bit_exact_on_the_integer_gemm(channels, size, kernels, st
     assert not _float_widths(model.lowered["main"].script()) & between
 
 
-def test_qdq_convs_use_vpdpbusd_with_vnni():
+def test_qdq_convs_use_vpdpbusd_with_vnni(monkeypatch):
     """Compiled for a VNNI CPU (not run): every convolution, 1x1 or 3x3 (on the zero-point
-    padded im2col), is a ``vpdpbusd`` GEMM on the template."""
+    padded im2col), is a ``vpdpbusd`` GEMM on the template (of its own: chains off)."""
+    monkeypatch.setenv("TVM_HYBRID_GEMM_CHAINS", "off")
     wl = workloads.qdq_convs((16, 32, 24), (14, 14), kernels=(3, 1))
     model = tvm_hybrid.compile(wl.model, {"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
     gemms = [func.script() for gvar, func in model.lowered.functions.items()

@@ -97,12 +97,14 @@ def check_gemm(context: PatternCheckContext) -> bool:
 
 
 def check_bias(context: PatternCheckContext, prefix: str) -> bool:
-    """A bias broadcasts along the output's last axis only (shape ``[N]`` or ``[1, .., N]``)."""
+    """A bias broadcasts along the output's channels only: shape ``[N]`` or ``[1, .., N]``, or
+    ``[G, Og]`` on a grouped convolution's output ``[B, OH, OW, G, Og]``."""
     shape = _static_shape(context.annotated_expr[prefix + "bias"])
     out = _static_shape(context.annotated_expr["gemm"])
-    return shape is not None and out is not None and shape[-1:] == out[-1:] and all(
-        d == 1 for d in shape[:-1]
-    )
+    if shape is None or out is None:
+        return False
+    channels = 2 if len(out) == 5 and len(shape) >= 2 else 1
+    return shape[-channels:] == out[-channels:] and all(d == 1 for d in shape[:-channels])
 
 
 def check_scale(context: PatternCheckContext, prefix: str) -> bool:

@@ -72,6 +72,10 @@ def graph_passes(target: Target, precision: str = "fp32",
         # A convolution's output reshape out of the way of its epilogue, before the scales
         # after it fold into the weights, before the weights are packed.
         SinkReshapes(),
+        # reshape(reshape(x)) as one (a grouped convolution's [N, H, W, G, Og] output,
+        # merged to NHWC, split again by the channel shuffle after it), none where it keeps
+        # the shape.
+        relax.transform.RemoveRedundantReshape(),
         FoldScalesIntoWeights(),
         # Integer GEMMs take the matmuls of 8-bit data before the constant-weight packing
         # sees their int32 form.

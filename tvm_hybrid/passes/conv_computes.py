@@ -83,6 +83,14 @@ def pack_conv_weight(w: np.ndarray, nr: int) -> np.ndarray:
     return np.ascontiguousarray(padded.reshape(panels, nr, kh, kw, c).transpose(0, 2, 3, 4, 1))
 
 
+def pack_grouped_conv_weight(w: np.ndarray, groups: int, nr: int) -> np.ndarray:
+    """OHWI ``w[G * Og, KH, KW, Cg]`` of a grouped convolution to
+    ``W[G, ceil(Og / nr), KH, KW, Cg, nr]``: :func:`pack_conv_weight` per group."""
+    per_group = w.shape[0] // groups
+    return np.stack([pack_conv_weight(w[g * per_group:(g + 1) * per_group], nr)
+                     for g in range(groups)])
+
+
 def direct_conv(xp: te.Tensor, packed: te.Tensor, dilation: tuple[int, int],
                 out_hw: tuple[int, int], channels: int) -> te.Tensor:
     """The stride-1 NHWC convolution of the padded ``xp[N, H, W, C]`` by
@@ -101,6 +109,29 @@ def direct_conv(xp: te.Tensor, packed: te.Tensor, dilation: tuple[int, int],
     if panels * nr == channels:
         return out
     return te.compute((int(xp.shape[0]), *out_hw, channels), lambda *i: out[i], name="unpad")
+
+
+def grouped_direct_conv(xp: te.Tensor, packed: te.Tensor, dilation: tuple[int, int],
+                        out_hw: tuple[int, int], channels: int) -> te.Tensor:
+    """The stride-1 NHWC convolution of the padded ``xp[N, H, W, G * Cg]`` in ``G`` groups by
+    :func:`pack_grouped_conv_weight`'s ``packed``, ``channels`` outputs per group, as
+    ``Y[N, OH, OW, G, channels]`` (reshaped, the NHWC output: no concatenation): the direct
+    template's compute with a group axis, each group's ``mr x Cg`` input rows read in place
+    (leading dimension ``G * Cg``)."""
+    groups, panels, kh, kw, c, nr = (int(d) for d in packed.shape)
+    ky = te.reduce_axis((0, kh), name="ky")
+    kx = te.reduce_axis((0, kw), name="kx")
+    rc = te.reduce_axis((0, c), name="rc")
+    out = te.compute(
+        (int(xp.shape[0]), *out_hw, groups, panels * nr),
+        lambda b, y, x, g, o: te.sum(
+            xp[b, y + ky * dilation[0], x + kx * dilation[1], g * c + rc]
+            * packed[g, o // nr, ky, kx, rc, o % nr], axis=[ky, kx, rc]),
+        name=DIRECT_CONV_BLOCK)
+    if panels * nr == channels:
+        return out
+    return te.compute((int(xp.shape[0]), *out_hw, groups, channels), lambda *i: out[i],
+                      name="unpad")
 
 
 def col2im(cols: te.Tensor, batch: int, in_hw: tuple[int, int], kernel: tuple[int, int],

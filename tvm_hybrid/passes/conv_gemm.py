@@ -19,7 +19,12 @@ weights packed here (:func:`pack_conv_weight`).
 TVM's own conv2d lowering runs at about 1% of the FMA peak on the fallback schedule; this puts
 dense convolutions on the template. A depthwise convolution (no reduction across channels
 worth a GEMM) becomes :func:`depthwise_conv`, an injective kernel vectorised along the NHWC
-channels; other grouped convolutions keep TVM's lowering.
+channels. A grouped convolution (ShuffleNet's, AlexNet's) of stride 1 is one
+:func:`grouped_direct_conv` kernel, the direct template with a group axis, its output
+``[N, OH, OW, G, Og]`` the NHWC output reshaped (no slices per group, no concatenation; the
+BatchNorm after it folds into its weights, the bias, activation and residual add join its
+kernel); other grouped convolutions are a dense convolution per group, and those of many
+small groups keep TVM's lowering.
 
 A transposed convolution (NCHW, one group) is the GEMM of every input pixel by
 ``W[C, (KH, KW, O)]`` followed by :func:`col2im`, which sums the taps landing on each output
@@ -47,10 +52,18 @@ from .conv_computes import (
     col2im,
     depthwise_conv,
     direct_conv,
+    grouped_direct_conv,
     im2col,
     pack_conv_weight,
+    pack_grouped_conv_weight,
 )
-from .conv_layout import Conv1dAs2d, ElementwiseQuantize, LayoutFriendly, fp32_operands
+from .conv_layout import (
+    ChannelShuffleNHWC,
+    Conv1dAs2d,
+    ElementwiseQuantize,
+    LayoutFriendly,
+    fp32_operands,
+)
 from .integer_conv import IntegerConvToFloat
 from .integer_gemm import integer_conv_gemm
 from .relax_rewrite import (
@@ -83,6 +96,21 @@ logger = logging.getLogger(__name__)
 
 
 
+def grouped_panel(target: Target, width: int, per_group: int,
+                  strides: tuple[int, int]) -> int | None:
+    """The panel width of a grouped convolution on one :func:`grouped_direct_conv` kernel (its
+    output rows ``width`` pixels, ``per_group`` output channels a group), or None where it
+    keeps a dense convolution per group: strides other than 1, no microkernel tiling the rows
+    (``conv_template.conv_panel``), or less than half the padded panels' columns useful (8
+    channels a group on 32-wide panels would compute four times the work)."""
+    if tuple(strides) != (1, 1):
+        return None
+    nr = conv_panel(microkernels_for(target, "float32"), width, per_group)
+    if nr is None or per_group * 2 < -(-per_group // nr) * nr:
+        return None
+    return nr
+
+
 @tvm.transform.module_pass(opt_level=0, name="ConvToGemm")
 class ConvToGemm:
     """Rewrite fp32 ``conv2d`` with a constant weight and one group to im2col + GEMM."""
@@ -108,6 +136,7 @@ class ConvToGemm:
         except Exception as err:  # noqa: BLE001 - TVM raises its C++ check failures
             logger.debug("ConvertLayout failed (%s); NHWC per convolution", first_line(err))
         mod = relax.transform.FoldConstant()(mod)
+        mod = rewrite_functions(mod, ChannelShuffleNHWC(mod), eliminate_dead_code=True)
         mod = rewrite_functions(mod, _Rewriter(mod, self.target), eliminate_dead_code=True)
         if _has_integer_conv(mod):
             # An integer convolution IntegerConvToFloat left for the integer GEMM that the
@@ -169,12 +198,23 @@ class _Rewriter(TargetMutator):
 
     def _grouped(self, x: relax.Expr, w: np.ndarray, out_shape: list[int], groups: int,
                  attrs) -> relax.Expr:
-        """The NHWC convolution of ``x`` in ``groups`` groups as one dense convolution per
-        group (:meth:`_gemm`: im2col, direct or 1x1 GEMM) on its slice of the channels, the
-        outputs concatenated."""
+        """The NHWC convolution of ``x`` in ``groups`` groups: one
+        :func:`grouped_direct_conv` kernel for all groups where :func:`grouped_panel` allows
+        (no slices, no concatenation); else one dense convolution per group (:meth:`_gemm`:
+        im2col, direct or 1x1 GEMM) on its slice of the channels, the outputs concatenated."""
         o, _, _, per_group = w.shape
         outs = o // groups
         bb = self.builder_
+        nr = grouped_panel(self.target, out_shape[2], outs, _pair(attrs.strides))
+        if nr is not None:
+            top, left, bottom, right = _four(attrs.padding)
+            if top or left or bottom or right:
+                x = bb.emit(relax.op.nn.pad(x, [0, 0, top, bottom, left, right, 0, 0]))
+            packed = relax.const(pack_grouped_conv_weight(w, groups, nr))
+            y = bb.emit(self._not_inlined_into(bb.call_te(
+                grouped_direct_conv, x, packed, _pair(attrs.dilation), tuple(out_shape[1:3]),
+                outs, primfunc_name_hint=DIRECT_CONV)))
+            return relax.op.reshape(y, out_shape)
         parts = []
         for g in range(groups):
             part = bb.emit(relax.op.strided_slice(x, axes=[3], begin=[g * per_group],

@@ -3,7 +3,7 @@
 A 1-D convolution becomes a 2-D one of height 1 (:class:`Conv1dAs2d`), and
 :class:`LayoutFriendly` rewrites ops TVM's layout rules stop at into equivalent forms they
 carry (clips, lower-rank constants, per-tensor fake quantization). ``conv_gemm.py`` runs both
-before ``ConvertLayout``.
+before ``ConvertLayout``, and :class:`ChannelShuffleNHWC` after it.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .relax_rewrite import bound_value, constant_value, is_op, is_static_tensor
+from .relax_rewrite import bound_value, constant_value, is_op, is_static_tensor, static_shape
 
 
 def fp32_operands(mutator: relax.PyExprMutator, call: relax.Call,
@@ -173,3 +173,56 @@ def _number(value) -> float:
     """A ``PrimValue``'s number (its ``value`` is a Python number or an ``IntImm``/``FloatImm``)."""
     value = value.value
     return float(getattr(value, "value", value))
+
+
+@relax.expr_functor.mutator
+class ChannelShuffleNHWC(relax.PyExprMutator):
+    """A channel shuffle between NHWC convolutions in its NHWC form.
+
+    Exporters write ShuffleNet's channel shuffle in NCHW (``Reshape`` to ``[N, G, C/G, H, W]``,
+    ``Transpose`` of the two channel axes, ``Reshape`` back); ``ConvertLayout`` has no rule
+    for a reshape, so between NHWC convolutions it becomes five ops, a layout change each side::
+
+        permute(reshape(permute(reshape(permute(x, to NCHW), [N, G, C/G, H, W]),
+                                [0, 2, 1, 3, 4]), [N, C, H, W]), to NHWC)
+
+    whose fused kernel computes the channel index through divisions of the flattened index. It
+    is the permutation of the last two axes of ``x`` viewed as ``[N, H, W, G, C/G]``::
+
+        reshape(permute(reshape(x, [N, H, W, G, C/G]), [0, 1, 2, 4, 3]), [N, H, W, C])
+    """
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = self.visit_expr_post_order(call)
+        if not _is_permute(call, [0, 2, 3, 1]):
+            return call
+        merged = bound_value(self, call.args[0])
+        if not is_op(merged, "relax.reshape"):
+            return call
+        swapped = bound_value(self, merged.args[0])
+        if not _is_permute(swapped, [0, 2, 1, 3, 4]):
+            return call
+        split = bound_value(self, swapped.args[0])
+        if not is_op(split, "relax.reshape"):
+            return call
+        nchw = bound_value(self, split.args[0])
+        if not _is_permute(nchw, [0, 3, 1, 2]):
+            return call
+        x = nchw.args[0]
+        shape = static_shape(x)
+        split_shape = static_shape(split)
+        if shape is None or split_shape is None or len(shape) != 4 or len(split_shape) != 5:
+            return call
+        n, h, w, c = shape
+        groups, per_group = split_shape[1], split_shape[2]
+        if (split_shape[0], split_shape[3], split_shape[4]) != (n, h, w) \
+                or groups * per_group != c or static_shape(merged) != (n, c, h, w):
+            return call
+        grid = self.builder_.emit(relax.op.reshape(x, (n, h, w, groups, per_group)))
+        moved = self.builder_.emit(relax.op.permute_dims(grid, [0, 1, 2, 4, 3]))
+        return relax.op.reshape(moved, (n, h, w, c))
+
+
+def _is_permute(expr: relax.Expr, axes: list[int]) -> bool:
+    return is_op(expr, "relax.permute_dims") and expr.attrs.axes is not None and \
+        [int(a) for a in expr.attrs.axes] == axes

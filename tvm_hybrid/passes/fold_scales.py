@@ -12,7 +12,8 @@ folds into the weight and one bias::
 
 with ``c`` and ``b`` constants of shape ``[N]`` (or broadcasting only along the last axis, or
 scalars). The depthwise kernel's taps ``[KH, KW, C]`` and the direct convolution's packed
-weights scale the same way. What remains is the
+weights scale the same way; a grouped convolution's output ``[N, OH, OW, G, Og]`` has its
+channels in the last two axes, its constants ``[G, Og]``. What remains is the
 GEMM and a bias, which the epilogue patterns fuse. A GEMM or partial sum used elsewhere too
 is left alone (rewriting it would compute it twice).
 """
@@ -40,6 +41,14 @@ class FoldScalesIntoWeights:
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         return rewrite_functions(mod, _Folder(mod), eliminate_dead_code=True)
+
+
+def _channel_const(vector: np.ndarray, like: relax.Expr) -> relax.Constant:
+    """A per-channel ``vector`` as a constant for ``like``'s output: ``[C]``, or ``[G, Og]``
+    for a grouped convolution's 5-D output."""
+    if like.ty.ndim == 5:
+        vector = vector.reshape([int(d) for d in like.ty.shape.values[-2:]])
+    return relax.const(np.ascontiguousarray(vector))
 
 
 @relax.expr_functor.mutator
@@ -78,16 +87,24 @@ class _Folder(relax.PyExprMutator):
             return None
         if value.size == 1:
             return np.full(channels, value.reshape(()), np.float32)
-        if value.ndim >= 1 and value.shape[-1] == channels and value.size == channels:
+        if value.size != channels:
+            return None
+        if value.ndim >= 1 and value.shape[-1] == channels:
+            return value.reshape(-1)
+        if value.ndim >= 2 and value.shape[-2] * value.shape[-1] == channels:  # [G, Og]
             return value.reshape(-1)
         return None
 
     def _channels(self, call: relax.Call) -> int | None:
+        """The number of channels of ``call``'s output: its last axis, or the last two of a
+        5-D output (a grouped convolution's ``[N, OH, OW, G, Og]``)."""
         ty = call.ty
         if not isinstance(ty, relax.TensorType) or ty.shape is None or str(ty.dtype) != "float32":
             return None
-        last = ty.shape.values[-1] if ty.ndim >= 1 else None
-        return int(last) if isinstance(last, IntImm) else None
+        tail = list(ty.shape.values[-2:] if ty.ndim == 5 else ty.shape.values[-1:])
+        if not tail or not all(isinstance(d, IntImm) for d in tail):
+            return None
+        return int(np.prod([int(d) for d in tail]))
 
     def _scale(self, call: relax.Call, sign: int) -> relax.Expr | None:
         """``y * c`` (``sign`` 1) or ``y / c`` (-1) pushed into ``y``'s weight."""
@@ -122,7 +139,9 @@ class _Folder(relax.PyExprMutator):
             return relax.call_tir(value.args[0], [x, relax.const(t * scale)], value.ty)
         if is_op(value, "relax.call_tir") and value.args[0].name_hint.startswith(DIRECT_CONV):
             x, packed = value.args[1].fields
-            p = constant_value(self, packed)  # [panels, KH, KW, C, nr]
+            p = constant_value(self, packed)  # [panels, KH, KW, C, nr] or [G, panels, ...]
+            if p is not None and p.ndim == 6:
+                return self._scaled_groups(value, x, p, scale)
             if p is None or p.shape[0] * p.shape[-1] < scale.size:
                 return None
             padded = np.zeros(p.shape[0] * p.shape[-1], np.float32)
@@ -140,8 +159,21 @@ class _Folder(relax.PyExprMutator):
             scaled = self._scaled(inner, scale)
             if scaled is None:
                 return None
-            return relax.op.add(self._emit(scaled), relax.const(b * scale))
+            return relax.op.add(self._emit(scaled), _channel_const(b * scale, value))
         return None
+
+    def _scaled_groups(self, conv: relax.Call, x: relax.Expr, packed: np.ndarray,
+                       scale: np.ndarray) -> relax.Expr | None:
+        """The grouped convolution ``conv`` (weights ``packed[G, panels, KH, KW, Cg, nr]``,
+        output ``[.., G, Og]``) with its output channels times ``scale`` (``G * Og``)."""
+        groups, panels, nr = packed.shape[0], packed.shape[1], packed.shape[-1]
+        per_group = int(conv.ty.shape.values[-1])
+        if scale.size != groups * per_group or per_group > panels * nr:
+            return None
+        padded = np.zeros((groups, panels * nr), np.float32)
+        padded[:, :per_group] = scale.reshape(groups, per_group)
+        scaled = packed * padded.reshape(groups, panels, 1, 1, 1, nr)
+        return relax.call_tir(conv.args[0], [x, relax.const(scaled)], conv.ty)
 
     def _shift(self, call: relax.Call) -> relax.Expr | None:
         """``(y + b1) + b2`` as ``y + (b1 + b2)``; ``y - b`` as ``y + (-b)`` when ``y`` is a
@@ -166,9 +198,9 @@ class _Folder(relax.PyExprMutator):
                 first, inner = value.args
                 b1 = self._channel_constant(first, channels)
             if b1 is not None:
-                return relax.op.add(inner, relax.const(b1 + shift))
+                return relax.op.add(inner, _channel_const(b1 + shift, call))
         if subtract and self._is_weighted(value):
-            return relax.op.add(y, relax.const(shift))
+            return relax.op.add(y, _channel_const(shift, call))
         return None
 
     def _is_weighted(self, value: relax.Expr) -> bool:

@@ -18,6 +18,10 @@ elementwise ops already moved)::
 
 (``g`` binary elementwise, either operand order; ``r`` a tensor of shape ``s``.) A reshape
 of a contiguous tensor is a view in Relax's VM, so the moved reshapes cost nothing.
+
+A grouped convolution's kernel (``conv_computes.grouped_direct_conv``) computes
+``Y[N, OH, OW, G, Og]``, reshaped to NHWC: its reshape moves the same way, a constant ``c``
+along the ``G * Og`` channels becoming ``c'`` of shape ``[G, Og]``.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from .conv_computes import DIRECT_CONV
 from .relax_rewrite import bound_value, constant_value, is_op, is_static_tensor, rewrite_functions
 
 #: Elementwise ops a reshape moves past.
@@ -87,7 +92,7 @@ class _Sinker(relax.PyExprMutator):
             return known
         value = bound_value(self, expr)
         name = _op_name(value)
-        found = name == "relax.matmul" or (
+        found = name == "relax.matmul" or _is_grouped_conv(value) or (
             depth > 0 and name in UNARY | BINARY
             and any(self._from_gemm(arg, depth - 1) for arg in value.args
                     if isinstance(arg, relax.Var)))
@@ -136,8 +141,21 @@ class _Sinker(relax.PyExprMutator):
             return None
         if value.size == 1:
             return relax.const(value.reshape(()))
-        # A constant along the last axis only, which the reshape keeps.
+        # A constant along the last axis only, which the reshape keeps (or merges from the
+        # last two: a grouped convolution's [G, Og]).
         lead = value.shape[:-1]
-        if all(d == 1 for d in lead) and value.shape[-1] == out_shape[-1] == src_shape[-1]:
+        if not all(d == 1 for d in lead) or value.shape[-1] != out_shape[-1]:
+            return None
+        if value.shape[-1] == src_shape[-1]:
             return relax.const(np.ascontiguousarray(value.reshape(-1)))
+        if len(src_shape) >= 2 and src_shape[:-2] == out_shape[:-1] \
+                and src_shape[-2] * src_shape[-1] == out_shape[-1]:  # [.., A, B] to [.., A * B]
+            return relax.const(np.ascontiguousarray(value.reshape(src_shape[-2:])))
         return None
+
+
+def _is_grouped_conv(value: relax.Expr) -> bool:
+    """Whether ``value`` is a call of a grouped convolution kernel (its output
+    ``[N, OH, OW, G, Og]``)."""
+    return (is_op(value, "relax.call_tir") and value.args[0].name_hint.startswith(DIRECT_CONV)
+            and value.ty.ndim == 5)

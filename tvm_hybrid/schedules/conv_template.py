@@ -50,7 +50,8 @@ MIN_MR = 4
 @dataclasses.dataclass(frozen=True)
 class ConvShape:
     """A direct convolution: ``rows`` output rows (batch x height) of ``width`` pixels,
-    ``channels`` output channels (padded to panels), ``taps`` taps of ``depth`` channels."""
+    ``channels`` output channels (padded to panels), ``taps`` taps of ``depth`` channels;
+    each of ``groups`` groups (a grouped convolution) has its own ``channels`` and ``depth``."""
 
     rows: int
     width: int
@@ -58,6 +59,7 @@ class ConvShape:
     taps: int
     depth: int
     panel: int
+    groups: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,7 +172,7 @@ class ConvTemplate(Template):
 
     def flops(self, workload: ConvWorkload) -> float:
         s = workload.shape
-        return float(2 * s.rows * s.width * s.channels * s.taps * s.depth)
+        return float(2 * s.rows * s.width * s.groups * s.channels * s.taps * s.depth)
 
     def variants(self, workload: ConvWorkload, target: Target) -> list[ConvKnobs]:
         return [_default_knobs(workload.shape, k) for k in self._kernels(workload, target)]
@@ -199,38 +201,49 @@ class ConvTemplate(Template):
 
 
 def conv_shape(sch: s_tir.Schedule, block) -> ConvShape | None:
-    """The :class:`ConvShape` of a ``direct_conv`` block, or None if it is not one."""
+    """The :class:`ConvShape` of a ``direct_conv`` block (``[b, y, x, o]``, or
+    ``[b, y, x, g, o]`` grouped, then ``[ky, kx, c]``), or None if it is not one."""
     stmt = sch.get(block)
     kinds = [iv.iter_type for iv in stmt.iter_vars]
     spatial, reduce = tirx.IterVar.DataPar, tirx.IterVar.CommReduce
-    if kinds != [spatial] * 4 + [reduce] * 3:
+    grouped = kinds == [spatial] * 5 + [reduce] * 3
+    if kinds != [spatial] * 4 + [reduce] * 3 and not grouped:
         return None
     extents = []
     for iv in stmt.iter_vars:
         if not isinstance(iv.dom.extent, IntImm):
             return None
         extents.append(int(iv.dom.extent))
-    weights = [r.source for r in stmt.reads if len(r.source.shape) == 5]
+    weights = [r.source for r in stmt.reads if len(r.source.shape) == (6 if grouped else 5)]
     if len(weights) != 1 or str(stmt.body.buffer.dtype) != "float32":
         return None
-    batch, height, width, channels, kh, kw, depth = extents
+    if grouped:
+        batch, height, width, groups, channels, kh, kw, depth = extents
+    else:
+        (batch, height, width, channels, kh, kw, depth), groups = extents, 1
     return ConvShape(batch * height, width, channels, kh * kw, depth,
-                     int(weights[0].shape[-1]))
+                     int(weights[0].shape[-1]), groups)
 
 
 def schedule_conv(sch: s_tir.Schedule, block, shape: ConvShape, knobs: ConvKnobs):
     """Apply the template to ``block``; return the loop of one pixel block."""
     kernel = knobs.kernel
-    b, y, x, o, ky, kx, c = sch.get_loops(block)
+    loops = sch.get_loops(block)
+    (b, y, x), group, (o, ky, kx, c) = loops[:3], loops[3:-4], loops[-4:]
     x_outer, x_tiles, x_inner = sch.split(
         x, [shape.width // (knobs.x_block * kernel.mr), knobs.x_block, kernel.mr])
     o_outer, o_inner = sch.split(o, [shape.channels // kernel.nr, kernel.nr])
-    sch.reorder(b, y, o_outer, x_outer, ky, kx, x_tiles, x_inner, o_inner, c)
-    blocks = sch.fuse(b, y, o_outer, preserve_unit_iters=True)
+    sch.reorder(b, y, *group, o_outer, x_outer, ky, kx, x_tiles, x_inner, o_inner, c)
+    blocks = sch.fuse(b, y, *group, o_outer, preserve_unit_iters=True)
     sch.parallel(blocks)
     accumulate_in_tile(sch, block, x_outer, ky, kernel.lanes)
+    if group:
+        # The tile's accumulators as [b, y, g, x, o]: an mr x nr tile is then a plain 2-D
+        # region under unit dimensions, which the microkernel's C matches.
+        sch.transform_layout(block, ("write", 0), lambda b, y, x, g, o: (b, y, g, x, o))
     sch.tensorize(x_inner, tensor_intrin(kernel, shape.depth))
     sch.annotate(x_outer, TEMPLATE_ANNOTATION,
                  f"{kernel.isa} {kernel.mr}x{kernel.nr} microkernel, direct convolution, "
-                 f"{shape.taps} taps of K={shape.depth}")
+                 + (f"{shape.groups} groups, " if shape.groups > 1 else "")
+                 + f"{shape.taps} taps of K={shape.depth}")
     return x_outer
