@@ -13,12 +13,13 @@ from tvm.relax.frontend.onnx import onnx_frontend
 from .attention import CONVERTERS as ATTENTION_CONVERTERS
 from .clip import CONVERTERS as CLIP_CONVERTERS
 from .conv_integer import CONVERTERS as CONV_INTEGER_CONVERTERS
+from .lrn import CONVERTERS as LRN_CONVERTERS
 from .rnn import CONVERTERS as RNN_CONVERTERS
 from .variadic import CONVERTERS as VARIADIC_CONVERTERS
 
 #: Op type -> ``OnnxOpConverter`` class, for ops TVM's importer lacks or imports opaquely.
 CONVERTERS = {**RNN_CONVERTERS, **CONV_INTEGER_CONVERTERS, **CLIP_CONVERTERS,
-              **ATTENTION_CONVERTERS, **VARIADIC_CONVERTERS}
+              **ATTENTION_CONVERTERS, **VARIADIC_CONVERTERS, **LRN_CONVERTERS}
 
 
 def convert_map() -> dict:

@@ -58,6 +58,7 @@ from .conv_computes import (
     pack_grouped_conv_weight,
 )
 from .conv_layout import (
+    CancelPermutes,
     ChannelShuffleNHWC,
     Conv1dAs2d,
     ElementwiseQuantize,
@@ -136,6 +137,7 @@ class ConvToGemm:
         except Exception as err:  # noqa: BLE001 - TVM raises its C++ check failures
             logger.debug("ConvertLayout failed (%s); NHWC per convolution", first_line(err))
         mod = relax.transform.FoldConstant()(mod)
+        mod = rewrite_functions(mod, CancelPermutes(mod), eliminate_dead_code=True)
         mod = rewrite_functions(mod, ChannelShuffleNHWC(mod), eliminate_dead_code=True)
         mod = rewrite_functions(mod, _Rewriter(mod, self.target), eliminate_dead_code=True)
         if _has_integer_conv(mod):

@@ -226,3 +226,53 @@ class ChannelShuffleNHWC(relax.PyExprMutator):
 def _is_permute(expr: relax.Expr, axes: list[int]) -> bool:
     return is_op(expr, "relax.permute_dims") and expr.attrs.axes is not None and \
         [int(a) for a in expr.attrs.axes] == axes
+
+
+@relax.expr_functor.mutator
+class CancelPermutes(relax.PyExprMutator):
+    """``permute_dims(permute_dims(x, a), b)`` as one ``permute_dims`` of ``x``, or ``x``
+    itself where the two cancel, and an identity ``permute_dims`` as its input.
+
+    A kernel written for NHWC between NCHW ops (``frontend/lrn.py``) is imported between two
+    permutes; once ``ConvertLayout`` has made its neighbours NHWC, each meets the permute the
+    layout change put there, and the pair would otherwise be a copy kernel of its own. A pool
+    that ``ConvertLayout`` left NCHW after such a permute (it follows its input's layout)
+    pools the NHWC tensor instead, the permute after it::
+
+        pool(permute(x, to NCHW), NCHW)  ->  permute(pool(x, NHWC), to NCHW)
+    """
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = self.visit_expr_post_order(call)
+        if any(is_op(call, op) for op in _POOLS):
+            return self._pool(call)
+        if not is_op(call, "relax.permute_dims") or call.attrs.axes is None:
+            return call
+        outer = [int(a) for a in call.attrs.axes]
+        source = call.args[0]
+        inner = bound_value(self, source)
+        if is_op(inner, "relax.permute_dims") and inner.attrs.axes is not None:
+            axes = [int(a) for a in inner.attrs.axes]
+            outer = [axes[a] for a in outer]
+            source = inner.args[0]
+        if outer == list(range(len(outer))):
+            return source
+        return call if source is call.args[0] else relax.op.permute_dims(source, outer)
+
+    def _pool(self, call: relax.Call) -> relax.Expr:
+        attrs = call.attrs
+        source = bound_value(self, call.args[0])
+        if (str(attrs.layout) != "NCHW" or str(attrs.out_layout) not in ("NCHW", "")
+                or not _is_permute(source, [0, 3, 1, 2])):
+            return call
+        fields = dict(pool_size=attrs.pool_size, strides=attrs.strides, padding=attrs.padding,
+                      dilation=attrs.dilation, ceil_mode=attrs.ceil_mode, layout="NHWC",
+                      out_layout="NHWC")
+        if is_op(call, "relax.nn.avg_pool2d"):
+            fields["count_include_pad"] = attrs.count_include_pad
+        pooled = self.builder_.emit(_POOLS[call.op.name](source.args[0], **fields))
+        return relax.op.permute_dims(pooled, [0, 3, 1, 2])
+
+
+_POOLS = {"relax.nn.max_pool2d": relax.op.nn.max_pool2d,
+          "relax.nn.avg_pool2d": relax.op.nn.avg_pool2d}
