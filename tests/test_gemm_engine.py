@@ -26,7 +26,9 @@ from tvm_hybrid.schedules.gemm.heuristics import (
     choose_blocks,
     choose_kernel,
     choose_knobs,
+    l1_aliased,
     panel_width,
+    select,
 )
 from tvm_hybrid.schedules.gemm.template import TEMPLATE_ANNOTATION
 
@@ -227,6 +229,25 @@ def test_knobs_are_schedule_decisions():
                  if inst.kind.name == "SamplePerfectTile"]
     assert [32 // knobs.m_block, knobs.m_block] in decisions
     assert [8 // knobs.n_block, knobs.n_block] in decisions
+
+
+def test_tiles_whose_rows_alias_in_l1_rank_last():
+    """Rows of A a multiple of 4 KiB apart share one L1 set: a 14-row tile over K = 1024 (or a
+    12-row one over K = 3072) thrashes it, so the 7x32 (8x32) tile is chosen, by the packing's
+    ranking and the template's alike; K = 512 (two sets, 7 rows each) keeps the 14-row tile."""
+    target = tvm_hybrid.make_target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+    kernels = microkernels_for(target, "float32")
+    by_shape = {(k.mr, k.nr): k for k in kernels}
+    shape = GemmShape(1, 196, 256, 1024)
+    assert l1_aliased(by_shape[(14, 32)], shape)
+    assert not l1_aliased(by_shape[(7, 32)], shape)
+    assert not l1_aliased(by_shape[(14, 32)], GemmShape(1, 196, 256, 512))
+    assert not l1_aliased(by_shape[(14, 32)], GemmShape(1, 196, 256, 1000))  # not 4 KiB apart
+    assert not l1_aliased(by_shape[(14, 32)], GemmShape(1, 196, 256, 1024, itemsize=1))
+    assert (select(target, "float32", shape, packing=True)[0].mr,
+            choose_kernel(shape, kernels).mr) == (7, 7)
+    assert choose_kernel(GemmShape(1, 384, 768, 3072), kernels).mr == 8
+    assert choose_kernel(GemmShape(1, 196, 256, 512), kernels).mr == 14
 
 
 # --- fusion and prepacking ---------------------------------------------------------------------
