@@ -162,3 +162,36 @@ def test_channel_shuffle_pass_structure():
     # Any other permutation chain is left alone.
     other = rewrite_functions(after, ChannelShuffleNHWC(after), eliminate_dead_code=True)
     tvm.ir.assert_structural_equal(other, after)
+
+
+def _single(nodes, inits, shape):
+    graph = helper.make_graph(nodes, "fold", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                            shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    return model, np.random.default_rng(2).standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("op,shape", [("Mul", (64, 1)), ("Sub", (64, 1)), ("Add", (64, 1))])
+def test_constants_along_rows_do_not_fold_as_channels(op, shape):
+    """A square GEMM's per-row constant ``[M, 1]`` (as many rows as channels) is not a
+    channel constant, nor a grouped convolution's ``[G, Og]``: it stays an elementwise op."""
+    rng = np.random.default_rng(1)
+    w = (rng.standard_normal((64, 64)) * 0.1).astype(np.float32)
+    c = (rng.random(shape) + 0.5).astype(np.float32)
+    model, x = _single([helper.make_node("MatMul", ["x", "W"], ["m"]),
+                        helper.make_node(op, ["m", "c"], ["y"])],
+                       [numpy_helper.from_array(w, "W"), numpy_helper.from_array(c, "c")], [64, 64])
+    _matches_onnxruntime(model, x)
+
+
+def test_a_scale_along_the_width_of_a_conv_does_not_fold_as_channels():
+    """NCHW ``Conv(16 channels) * c[16]`` on a 16-pixel-wide image scales the width."""
+    rng = np.random.default_rng(1)
+    w = (rng.standard_normal((16, 8, 3, 3)) * 0.2).astype(np.float32)
+    c = (rng.random(16) + 0.5).astype(np.float32)
+    model, x = _single([helper.make_node("Conv", ["x", "W"], ["m"], pads=[1] * 4),
+                        helper.make_node("Mul", ["m", "c"], ["y"])],
+                       [numpy_helper.from_array(w, "W"), numpy_helper.from_array(c, "c")],
+                       [1, 8, 16, 16])
+    _matches_onnxruntime(model, x)

@@ -90,8 +90,10 @@ def test_lrn_with_an_even_window_matches_the_onnx_definition():
     assert [n for n in _calls(compiled) if n.startswith("hybrid_lrn")]
 
 
-def test_lrn_with_fewer_channels_than_its_window_keeps_tvms_form():
-    model, x = _model(c=4, pool=False)
+@pytest.mark.parametrize("case", [dict(c=4, pool=False), dict(size=1, pool=False)],
+                         ids=["fewer-channels", "size-1"])
+def test_lrn_with_fewer_channels_than_its_window_or_a_window_of_one_keeps_tvms_form(case):
+    model, x = _model(**case)
     compiled = _matches_reference(model, x)
     assert not [n for n in _calls(compiled) if n.startswith("hybrid_lrn")]
 

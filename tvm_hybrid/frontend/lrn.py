@@ -30,7 +30,8 @@ def lrn_nhwc(shape: tuple[int, int, int, int], size: int, alpha: float, beta: fl
     """``y = x / (bias + alpha / size * sum(x[c'] ** 2 for c' in the window of c)) ** beta``
     on NHWC ``x`` (ONNX's window: ``(size - 1) // 2`` channels below, the rest above, clipped
     to the channels), parallel over pixels, the channels without clipping vectorised. Needs at
-    least ``size`` channels."""
+    least ``size`` channels and a window of two or more (``size`` 1 has no clipped channels
+    for the edge loop)."""
     n, h, w, c = shape
     lo = (size - 1) // 2
     hi = size - 1 - lo
@@ -94,7 +95,7 @@ class LRN(OnnxOpConverter):
         shape = static_shape(x)
         size = int(attr["size"])
         if shape is None or len(shape) != 4 or str(x.ty.dtype) != "float32" \
-                or shape[1] < size or size < 1:
+                or shape[1] < size or size < 2:
             return _StockLRN._impl_v13(bb, inputs, attr, params)
         n, c, h, w = shape
         func = lrn_nhwc((n, h, w, c), size, float(attr.get("alpha", 1e-4)),

@@ -34,6 +34,9 @@ from .relax_rewrite import (
     single_use_vars,
 )
 
+#: Ops a grouped convolution's channel layout passes through (its scales and shifts).
+_CHANNEL_WISE = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide")
+
 
 @tvm.transform.module_pass(opt_level=0, name="FoldScalesIntoWeights")
 class FoldScalesIntoWeights:
@@ -41,14 +44,6 @@ class FoldScalesIntoWeights:
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         return rewrite_functions(mod, _Folder(mod), eliminate_dead_code=True)
-
-
-def _channel_const(vector: np.ndarray, like: relax.Expr) -> relax.Constant:
-    """A per-channel ``vector`` as a constant for ``like``'s output: ``[C]``, or ``[G, Og]``
-    for a grouped convolution's 5-D output."""
-    if like.ty.ndim == 5:
-        vector = vector.reshape([int(d) for d in like.ty.shape.values[-2:]])
-    return relax.const(np.ascontiguousarray(vector))
 
 
 @relax.expr_functor.mutator
@@ -80,31 +75,47 @@ class _Folder(relax.PyExprMutator):
                 return folded
         return call
 
-    def _channel_constant(self, expr: relax.Expr, channels: int) -> np.ndarray | None:
-        """``expr`` as a float32 vector of ``channels`` (a scalar broadcast), or None."""
+    def _channel_constant(self, expr: relax.Expr, dims: tuple[int, ...]) -> np.ndarray | None:
+        """``expr`` as a float32 vector over the channel axes ``dims`` (``(C,)``, or a grouped
+        convolution's ``(G, Og)``), flattened; a scalar broadcast; else None (a constant of
+        another shape varies along other axes)."""
         value = constant_value(self, expr)
         if value is None or value.dtype != np.float32:
             return None
+        size = int(np.prod(dims))
         if value.size == 1:
-            return np.full(channels, value.reshape(()), np.float32)
-        if value.size != channels:
+            return np.full(size, value.reshape(()), np.float32)
+        if value.size != size or value.ndim < len(dims) \
+                or tuple(value.shape[-len(dims):]) != tuple(dims):
             return None
-        if value.ndim >= 1 and value.shape[-1] == channels:
-            return value.reshape(-1)
-        if value.ndim >= 2 and value.shape[-2] * value.shape[-1] == channels:  # [G, Og]
-            return value.reshape(-1)
-        return None
+        return value.reshape(-1)
 
-    def _channels(self, call: relax.Call) -> int | None:
-        """The number of channels of ``call``'s output: its last axis, or the last two of a
-        5-D output (a grouped convolution's ``[N, OH, OW, G, Og]``)."""
+    def _channels(self, call: relax.Expr) -> tuple[int, ...] | None:
+        """The channel axes of ``call``'s output: its last, or the last two of a grouped
+        convolution's ``[N, OH, OW, G, Og]`` (and of the scales and shifts after it)."""
         ty = call.ty
         if not isinstance(ty, relax.TensorType) or ty.shape is None or str(ty.dtype) != "float32":
             return None
-        tail = list(ty.shape.values[-2:] if ty.ndim == 5 else ty.shape.values[-1:])
+        grouped = ty.ndim == 5 and self._from_grouped_conv(call, 8)
+        tail = list(ty.shape.values[-2:] if grouped else ty.shape.values[-1:])
         if not tail or not all(isinstance(d, IntImm) for d in tail):
             return None
-        return int(np.prod([int(d) for d in tail]))
+        return tuple(int(d) for d in tail)
+
+    def _from_grouped_conv(self, expr: relax.Expr, depth: int) -> bool:
+        """Whether ``expr`` is a grouped convolution's output, through channel-wise ops."""
+        value = bound_value(self, expr) if isinstance(expr, relax.Var) else expr
+        if is_op(value, "relax.call_tir"):
+            return value.args[0].name_hint.startswith(DIRECT_CONV) and value.ty.ndim == 5
+        if depth and any(is_op(value, op) for op in _CHANNEL_WISE):
+            return any(self._from_grouped_conv(arg, depth - 1) for arg in value.args
+                       if isinstance(arg, relax.Var))
+        return False
+
+    def _channel_const(self, vector: np.ndarray, like: relax.Expr) -> relax.Constant:
+        """A per-channel ``vector`` as a constant for ``like``'s output: ``[C]``, or
+        ``[G, Og]`` after a grouped convolution."""
+        return relax.const(np.ascontiguousarray(vector.reshape(self._channels(like))))
 
     def _scale(self, call: relax.Call, sign: int) -> relax.Expr | None:
         """``y * c`` (``sign`` 1) or ``y / c`` (-1) pushed into ``y``'s weight."""
@@ -150,16 +161,19 @@ class _Folder(relax.PyExprMutator):
             return relax.call_tir(value.args[0], [x, relax.const(scaled)], value.ty)
         if is_op(value, "relax.add"):
             inner, bias = value.args
-            b = self._channel_constant(bias, scale.size)
+            dims = self._channels(value)
+            if dims is None or int(np.prod(dims)) != scale.size:
+                return None
+            b = self._channel_constant(bias, dims)
             if b is None:
                 inner, bias = bias, inner
-                b = self._channel_constant(bias, scale.size)
+                b = self._channel_constant(bias, dims)
             if b is None:
                 return None
             scaled = self._scaled(inner, scale)
             if scaled is None:
                 return None
-            return relax.op.add(self._emit(scaled), _channel_const(b * scale, value))
+            return relax.op.add(self._emit(scaled), self._channel_const(b * scale, value))
         return None
 
     def _scaled_groups(self, conv: relax.Call, x: relax.Expr, packed: np.ndarray,
@@ -198,9 +212,9 @@ class _Folder(relax.PyExprMutator):
                 first, inner = value.args
                 b1 = self._channel_constant(first, channels)
             if b1 is not None:
-                return relax.op.add(inner, _channel_const(b1 + shift, call))
+                return relax.op.add(inner, self._channel_const(b1 + shift, call))
         if subtract and self._is_weighted(value):
-            return relax.op.add(y, _channel_const(shift, call))
+            return relax.op.add(y, self._channel_const(shift, call))
         return None
 
     def _is_weighted(self, value: relax.Expr) -> bool:

@@ -49,6 +49,7 @@ _MIN_ACCUMULATORS = 8
 _LINE = 64
 _L1_SETS = 64
 _L1_WAYS = 8
+_INPUT_BYTES = {"float32": 4, "bfloat16": 2, "int16": 2, "uint8": 1, "int8": 1}
 # Cost of one block's loop overhead, in units of FLOP-normalised traffic.
 _BLOCK_OVERHEAD = 4.0
 # Cost of one FLOP in those units (an element read from memory ~ 20 FMAs).
@@ -134,8 +135,9 @@ def l1_aliased(kernel: Microkernel, shape: GemmShape) -> bool:
     4 KiB (K = 1024, 2048, 3072 fp32), all map to one set, and a 14-row tile then misses L1 on
     every row (measured on Zen 4, 2 cores: 196x1024x256 at 159 GFLOP/s with 14x32, 202 with
     7x32; 384x3072x768 193 with 12x32, 219 with 8x32). Per-block kernels (AMX) load whole
-    tiles and are not affected."""
-    row_bytes = shape.k * shape.itemsize
+    tiles and are not affected. The row's bytes follow the kernel's input type (the packing
+    passes rank with an fp32-sized ``GemmShape``)."""
+    row_bytes = shape.k * _INPUT_BYTES.get(kernel.in_dtype, 4)
     if kernel.per_block or row_bytes % _LINE:
         return False
     sets = _L1_SETS // math.gcd(row_bytes // _LINE, _L1_SETS)
