@@ -13,10 +13,10 @@ import tvm
 from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
 
-import tvm_hybrid
 from tvm_hybrid.passes.conv_gemm import grouped_panel
 from tvm_hybrid.passes.conv_layout import ChannelShuffleNHWC
 from tvm_hybrid.passes.relax_rewrite import rewrite_functions
+from tvm_hybrid.testing.onnx_checks import compiles_and_matches, main_calls
 
 ort = pytest.importorskip("onnxruntime", reason="the comparisons need onnxruntime (test extra)")
 
@@ -60,16 +60,7 @@ def _model(c=136, o=136, groups=4, k=1, size=28, pads=0, dilation=1, strides=1,
 
 
 def _matches_onnxruntime(model, x, target=None):
-    compiled = tvm_hybrid.compile(model, target)
-    expected = ort.InferenceSession(model.SerializeToString(),
-                                    providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    got = np.asarray(compiled(x=x))
-    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
-    return compiled
-
-
-def _calls(compiled) -> list[str]:
-    return re.findall(r"^\s*(\w+)\(", compiled.lowered["main"].script(), re.MULTILINE)
+    return compiles_and_matches(model, {"x": x}, target=target)
 
 
 CASES = [dict(), dict(k=3, pads=1, c=64, o=96, groups=2, size=16),
@@ -88,8 +79,8 @@ def test_grouped_conv_is_one_template_kernel_for_all_groups(case, target):
     and residual add in the convolution's kernel."""
     model, x = _model(**case)
     compiled = _matches_onnxruntime(model, x, target)
-    engine = [n for n in _calls(compiled) if "direct_conv" in n or "packed_matmul" in n]
-    assert len(engine) == 1, _calls(compiled)
+    engine = [n for n in main_calls(compiled) if "direct_conv" in n or "packed_matmul" in n]
+    assert len(engine) == 1, main_calls(compiled)
     info = compiled.kernels[engine[0]]
     assert info.schedule == "template", info.detail
     assert f"{case.get('groups', 4)} groups" in info.detail
@@ -113,8 +104,8 @@ def test_grouped_conv_keeps_a_conv_per_group_where_one_kernel_would_not_pay():
     assert grouped_panel(znver4, 29, 34, (1, 1)) is None  # no tile divides a 29-pixel row
     model, x = _model(k=3, pads=1, strides=2, c=32, o=64, groups=2, size=14)
     compiled = _matches_onnxruntime(model, x)
-    engine = [n for n in _calls(compiled) if "direct_conv" in n or "packed_matmul" in n]
-    assert len(engine) == 2, _calls(compiled)
+    engine = [n for n in main_calls(compiled) if "direct_conv" in n or "packed_matmul" in n]
+    assert len(engine) == 2, main_calls(compiled)
 
 
 @pytest.mark.requires("avx2")
@@ -124,7 +115,7 @@ def test_channel_shuffle_after_a_grouped_conv_matches():
     index: no division by H * W)."""
     model, x = _model(shuffle=True)
     compiled = _matches_onnxruntime(model, x)
-    assert len([n for n in _calls(compiled) if "direct_conv" in n]) == 1
+    assert len([n for n in main_calls(compiled) if "direct_conv" in n]) == 1
     shuffles = [f.script() for g, f in compiled.lowered.functions.items()
                 if isinstance(f, tvm.tirx.PrimFunc) and "transpose" in g.name_hint]
     assert shuffles

@@ -17,6 +17,7 @@ from tvm import relax
 import tvm_hybrid
 from tvm_hybrid.passes.conv_layout import CancelPermutes
 from tvm_hybrid.passes.relax_rewrite import rewrite_functions
+from tvm_hybrid.testing.onnx_checks import compiles_and_matches, main_calls
 
 
 def _model(c=64, size=5, beta=0.75, pool=True):
@@ -45,17 +46,7 @@ ort = pytest.importorskip("onnxruntime", reason="the comparisons need onnxruntim
 
 
 def _matches_reference(model, x, target=None, expected=None):
-    compiled = tvm_hybrid.compile(model, target)
-    if expected is None:
-        expected = ort.InferenceSession(model.SerializeToString(),
-                                        providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    got = np.asarray(compiled(x=x))
-    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
-    return compiled
-
-
-def _calls(compiled) -> list[str]:
-    return re.findall(r"^\s*(\w+)\(", compiled.lowered["main"].script(), re.MULTILINE)
+    return compiles_and_matches(model, {"x": x}, target=target, rtol=1e-5, expected=expected)
 
 
 @pytest.mark.parametrize("case", [dict(), dict(size=3, beta=0.5), dict(size=7, beta=1.0),
@@ -67,7 +58,7 @@ def test_lrn_is_one_nhwc_kernel_between_nhwc_convolutions(case):
     NHWC too, so the only layout changes are the model's input and output."""
     model, x = _model(**case)
     compiled = _matches_reference(model, x)
-    calls = _calls(compiled)
+    calls = main_calls(compiled)
     assert len([n for n in calls if n.startswith("hybrid_lrn")]) == 1, calls
     assert not [n for n in calls if re.search("pool3d|power", n)], calls
     assert len([n for n in calls if "transpose" in n]) == 2, calls
@@ -87,7 +78,7 @@ def test_lrn_with_an_even_window_matches_the_onnx_definition():
                            for i in range(c)], axis=1)
     expected = x / (bias + alpha / size * square_sum) ** beta
     compiled = _matches_reference(model, x, expected=expected)
-    assert [n for n in _calls(compiled) if n.startswith("hybrid_lrn")]
+    assert [n for n in main_calls(compiled) if n.startswith("hybrid_lrn")]
 
 
 @pytest.mark.parametrize("case", [dict(c=4, pool=False), dict(size=1, pool=False)],
@@ -95,7 +86,7 @@ def test_lrn_with_an_even_window_matches_the_onnx_definition():
 def test_lrn_with_fewer_channels_than_its_window_or_a_window_of_one_keeps_tvms_form(case):
     model, x = _model(**case)
     compiled = _matches_reference(model, x)
-    assert not [n for n in _calls(compiled) if n.startswith("hybrid_lrn")]
+    assert not [n for n in main_calls(compiled) if n.startswith("hybrid_lrn")]
 
 
 @pytest.mark.parametrize("mcpu,register", [("haswell", "ymm"), ("znver4", "zmm")])
