@@ -4,7 +4,7 @@ TVM 0.27 imports ``LRN`` as seven ops: the squares, an ``avg_pool3d`` over the c
 ``expand_dims``-ed NCDHW view, a scale, a shift, ``power`` and a division. ``ConvertLayout``
 carries none of the pooling's view through NHWC, so each LRN (GoogLeNet, AlexNet, ZFNet) ran as
 a strided channel pooling, a transpose each side, and a scalar ``powf`` per element: 2.8 ms of
-an 19 ms Inception v1 on 2 cores. Here a 4-D float32 ``LRN`` is
+a 19 ms Inception v1 on 2 cores. Here a 4-D float32 ``LRN`` is
 ``permute(lrn_nhwc(permute(x, to NHWC)), to NCHW)``: once the convolutions around it are NHWC
 the permutes cancel (``passes/conv_layout.CancelPermutes``), and :func:`lrn_nhwc` computes
 each pixel's channel window in one pass, vectorised along the channels, with ``d ** -beta``

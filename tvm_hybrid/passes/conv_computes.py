@@ -13,6 +13,7 @@ from tvm import te, tirx
 from tvm.script import tirx as T
 
 from ..schedules.conv_template import DIRECT_CONV_BLOCK
+from .relax_rewrite import is_op
 
 IM2COL = "hybrid_im2col"
 DIRECT_CONV = "hybrid_direct_conv"
@@ -132,6 +133,13 @@ def grouped_direct_conv(xp: te.Tensor, packed: te.Tensor, dilation: tuple[int, i
         return out
     return te.compute((int(xp.shape[0]), *out_hw, groups, channels), lambda *i: out[i],
                       name="unpad")
+
+
+def is_grouped_conv(value) -> bool:
+    """Whether the Relax expression ``value`` calls a :func:`grouped_direct_conv` kernel
+    (output ``[N, OH, OW, G, Og]``)."""
+    return (is_op(value, "relax.call_tir") and value.args[0].name_hint.startswith(DIRECT_CONV)
+            and value.ty.ndim == 5)
 
 
 def col2im(cols: te.Tensor, batch: int, in_hw: tuple[int, int], kernel: tuple[int, int],

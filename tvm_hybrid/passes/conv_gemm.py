@@ -187,11 +187,9 @@ class _Rewriter(TargetMutator):
                    attrs) -> relax.Expr:
         """The NHWC depthwise convolution (one filter per channel) of ``x`` by the OHWI
         constant ``w`` as :func:`depthwise_conv`."""
-        top, left, bottom, right = _four(attrs.padding)
-        if top or left or bottom or right:
-            # Padded once here, the taps are plain vector loads (a bounds test per tap in
-            # the vectorised loop runs about ten times slower).
-            x = self.builder_.emit(relax.op.nn.pad(x, [0, 0, top, bottom, left, right, 0, 0]))
+        # Padded once here, the taps are plain vector loads (a bounds test per tap in the
+        # vectorised loop runs about ten times slower).
+        x = self._padded(x, _four(attrs.padding))
         taps = relax.const(np.ascontiguousarray(w[..., 0].transpose(1, 2, 0)))  # [KH, KW, C]
         conv = self.builder_.call_te(
             depthwise_conv, x, taps, _pair(attrs.strides), _pair(attrs.dilation), out_hw,
@@ -209,9 +207,7 @@ class _Rewriter(TargetMutator):
         bb = self.builder_
         nr = grouped_panel(self.target, out_shape[2], outs, _pair(attrs.strides))
         if nr is not None:
-            top, left, bottom, right = _four(attrs.padding)
-            if top or left or bottom or right:
-                x = bb.emit(relax.op.nn.pad(x, [0, 0, top, bottom, left, right, 0, 0]))
+            x = self._padded(x, _four(attrs.padding))
             packed = relax.const(pack_grouped_conv_weight(w, groups, nr))
             y = bb.emit(self._not_inlined_into(bb.call_te(
                 grouped_direct_conv, x, packed, _pair(attrs.dilation), tuple(out_shape[1:3]),
@@ -224,6 +220,13 @@ class _Rewriter(TargetMutator):
             y = self._gemm(part, w[g * outs:(g + 1) * outs], [*out_shape[:3], outs], attrs)
             parts.append(bb.emit(y))
         return relax.op.concat(parts, axis=3)
+
+    def _padded(self, x: relax.Expr, padding: tuple[int, int, int, int]) -> relax.Expr:
+        """NHWC ``x`` zero-padded by ``(top, left, bottom, right)`` (``x`` itself if none)."""
+        top, left, bottom, right = padding
+        if not any(padding):
+            return x
+        return self.builder_.emit(relax.op.nn.pad(x, [0, 0, top, bottom, left, right, 0, 0]))
 
     def _not_inlined_into(self, call: relax.Call) -> relax.Call:
         """Mark ``call``'s PrimFunc fusable like a convolution: the ops after it may join its
@@ -367,9 +370,7 @@ class _Rewriter(TargetMutator):
         if nr is None:
             return None
         bb = self.builder_
-        top, left, bottom, right = padding
-        if any(padding):
-            x = bb.emit(relax.op.nn.pad(x, [0, 0, top, bottom, left, right, 0, 0]))
+        x = self._padded(x, padding)
         packed = relax.const(pack_conv_weight(w, nr))
         return self._not_inlined_into(bb.call_te(
             direct_conv, x, packed, dilation, out_hw, o, primfunc_name_hint=DIRECT_CONV))

@@ -25,7 +25,7 @@ import tvm
 from tvm import relax
 from tvm.ir.prim.expr import IntImm
 
-from .conv_computes import DEPTHWISE, DIRECT_CONV
+from .conv_computes import DEPTHWISE, DIRECT_CONV, is_grouped_conv
 from .relax_rewrite import (
     bound_value,
     constant_value,
@@ -106,7 +106,7 @@ class _Folder(relax.PyExprMutator):
         """Whether ``expr`` is a grouped convolution's output, through channel-wise ops."""
         value = bound_value(self, expr) if isinstance(expr, relax.Var) else expr
         if is_op(value, "relax.call_tir"):
-            return value.args[0].name_hint.startswith(DIRECT_CONV) and value.ty.ndim == 5
+            return is_grouped_conv(value)
         if depth and any(is_op(value, op) for op in _CHANNEL_WISE):
             return any(self._from_grouped_conv(arg, depth - 1) for arg in value.args
                        if isinstance(arg, relax.Var))

@@ -30,7 +30,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .conv_computes import DIRECT_CONV
+from .conv_computes import is_grouped_conv
 from .relax_rewrite import bound_value, constant_value, is_op, is_static_tensor, rewrite_functions
 
 #: Elementwise ops a reshape moves past.
@@ -92,7 +92,7 @@ class _Sinker(relax.PyExprMutator):
             return known
         value = bound_value(self, expr)
         name = _op_name(value)
-        found = name == "relax.matmul" or _is_grouped_conv(value) or (
+        found = name == "relax.matmul" or is_grouped_conv(value) or (
             depth > 0 and name in UNARY | BINARY
             and any(self._from_gemm(arg, depth - 1) for arg in value.args
                     if isinstance(arg, relax.Var)))
@@ -153,9 +153,3 @@ class _Sinker(relax.PyExprMutator):
             return relax.const(np.ascontiguousarray(value.reshape(src_shape[-2:])))
         return None
 
-
-def _is_grouped_conv(value: relax.Expr) -> bool:
-    """Whether ``value`` is a call of a grouped convolution kernel (its output
-    ``[N, OH, OW, G, Og]``)."""
-    return (is_op(value, "relax.call_tir") and value.args[0].name_hint.startswith(DIRECT_CONV)
-            and value.ty.ndim == 5)
