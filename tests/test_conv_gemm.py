@@ -12,22 +12,25 @@ import pytest
 from onnx import TensorProto, helper
 
 import tvm_hybrid
+from tvm_hybrid.testing.onnx_checks import compiles_and_matches
+
+HASWELL = {"kind": "llvm", "mcpu": "haswell", "num-cores": 2}
 
 ort = pytest.importorskip("onnxruntime", reason="the comparisons need onnxruntime (test extra)")
 
 
-def _conv_model(c=8, o=16, k=3, size=(13, 11), group=1, relu=True, **attrs):
+def _conv_model(c=8, o=16, k=3, size=(13, 11), group=1, relu=True, batch=2, **attrs):
     rng = np.random.default_rng(0)
     w = (rng.standard_normal((o, c // group, k, k)) * 0.2).astype("float32")
     b = rng.standard_normal(o).astype("float32")
     nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], group=group, **attrs)]
     nodes.append(helper.make_node("Relu" if relu else "Identity", ["c"], ["y"]))
     graph = helper.make_graph(
-        nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, c, *size])],
+        nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, c, *size])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
         [onnx.numpy_helper.from_array(w, "W"), onnx.numpy_helper.from_array(b, "B")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    x = rng.standard_normal((2, c, *size)).astype("float32")
+    x = rng.standard_normal((batch, c, *size)).astype("float32")
     return model, x
 
 
@@ -241,6 +244,23 @@ def test_direct_conv_is_declined_where_no_microkernel_tiles_the_rows():
     compiled = _compiles_and_matches(model, x)
     assert not [n for n in compiled.kernel_names() if "direct_conv" in n]
     assert [n for n in compiled.kernel_names() if "im2col" in n]
+
+
+@pytest.mark.requires("avx2", "fma")
+def test_im2col_writes_padded_rows_where_a_better_tile_needs_them():
+    # 13 x 13 = 169 output pixels (a stride-2 conv, so im2col): on AVX2 only a one-vector
+    # 13x8 tile divides 169; the im2col writes 3 zero rows more for a 4-row tile, and the
+    # GEMM slices their results off.
+    model, x = _conv_model(k=3, strides=[2, 2], pads=[1, 1, 1, 1], size=(25, 25), c=16, o=48,
+                           batch=1)
+    compiled = compiles_and_matches(model, {"x": x}, target=HASWELL)
+    (gemm,) = [k for k in compiled.kernels.values() if "packed_matmul" in k.name]
+    mr = int(re.search(r"(\d+)x\d+ microkernel", gemm.detail).group(1))
+    assert gemm.schedule == "template" and mr != 13 and 172 % mr == 0, gemm.detail
+    main = compiled.lowered["main"].script()
+    (cols,) = re.findall(r"(\w+): R\.Tensor\(\(172, 144\)", main)
+    assert re.search(rf"hybrid_im2col\w*\(\w+, {cols}\)", main), main
+    assert not [n for n in compiled.kernel_names() if n == "pad" or n.endswith("_pad")]
 
 
 @pytest.mark.parametrize("mcpu,register", [("haswell", "ymm"), ("znver5", "zmm")])

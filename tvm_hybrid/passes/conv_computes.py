@@ -8,6 +8,8 @@ packed by :func:`pack_conv_weight`), :func:`col2im` sums a transposed convolutio
 
 from __future__ import annotations
 
+import ast
+
 import numpy as np
 from tvm import te, tirx
 from tvm.script import tirx as T
@@ -16,6 +18,8 @@ from ..schedules.conv_template import DIRECT_CONV_BLOCK
 from .relax_rewrite import is_op
 
 IM2COL = "hybrid_im2col"
+#: The attribute of an :func:`im2col` PrimFunc holding its arguments (to re-emit it padded).
+IM2COL_ARGS = "hybrid.im2col_args"
 DIRECT_CONV = "hybrid_direct_conv"
 COL2IM = "hybrid_col2im"
 DEPTHWISE = "hybrid_depthwise_conv"
@@ -26,7 +30,7 @@ OUT_ELEMWISE_FUSABLE = 4
 def im2col(x_shape: tuple[int, int, int, int], kernel: tuple[int, int],
            strides: tuple[int, int], padding: tuple[int, int, int, int],
            dilation: tuple[int, int], out_hw: tuple[int, int], dtype: str = "float32",
-           fill: float | int = 0, extra_columns: int = 0) -> tirx.PrimFunc:
+           fill: float | int = 0, extra_columns: int = 0, extra_rows: int = 0) -> tirx.PrimFunc:
     """The PrimFunc ``x[N, H, W, C]`` to ``X_col[N * OH * OW, KH * KW * C]`` (``fill``, zero
     by default, in the padding).
 
@@ -35,7 +39,9 @@ def im2col(x_shape: tuple[int, int, int, int], kernel: tuple[int, int],
     and copied along ``c`` (vectorised), not once per element with divisions. An integer
     convolution's 8-bit data is padded with its zero point (``fill``), and its rows get
     ``extra_columns`` more of it, so ``K`` is a whole number of the integer kernel's groups
-    (times zero rows of the weight).
+    (times zero rows of the weight). ``extra_rows`` rows of ``fill`` follow the
+    ``N * OH * OW`` rows, so that a better register tile divides the GEMM's rows
+    (:func:`im2col_padding_rows`; the GEMM slices their results off).
     """
     n, h, w, c = x_shape
     kh, kw = kernel
@@ -48,12 +54,12 @@ def im2col(x_shape: tuple[int, int, int, int], kernel: tuple[int, int],
 
     @T.prim_func(private=True, s_tir=True)
     def func(x: T.Buffer((n, h, w, c), dtype),
-             cols: T.Buffer((n * oh * ow, k + extra_columns), dtype)):
+             cols: T.Buffer((n * oh * ow + extra_rows, k + extra_columns), dtype)):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True,
                      "op_pattern": OUT_ELEMWISE_FUSABLE})
         with T.sblock("root"):
             T.reads(x[0:n, 0:h, 0:w, 0:c])
-            T.writes(cols[0:n * oh * ow, 0:k + extra_columns])
+            T.writes(cols[0:n * oh * ow + extra_rows, 0:k + extra_columns])
             for row in T.parallel(n * oh * ow):
                 for ky, kx in T.grid(kh, kw):
                     if ((row // ow) % oh * sh + ky * dh >= top
@@ -69,8 +75,28 @@ def im2col(x_shape: tuple[int, int, int, int], kernel: tuple[int, int],
                             cols[row, (ky * kw + kx) * c + ch] = zero
                 for e in T.serial(extra_columns):
                     cols[row, k + e] = zero
+            for row, e in T.grid(extra_rows, k + extra_columns):
+                cols[n * oh * ow + row, e] = zero
 
-    return func
+    args = (*(tuple(int(v) for v in a) for a in (x_shape, kernel, strides, padding, dilation,
+                                                 out_hw)),
+            str(dtype), int(fill) if "int" in str(dtype) else float(fill), int(extra_columns))
+    return func.with_attr(IM2COL_ARGS, repr(args))
+
+
+def im2col_padding_rows(func: tirx.PrimFunc, extra_rows: int) -> tirx.PrimFunc | None:
+    """:func:`im2col` ``func`` again with ``extra_rows`` rows of its fill appended, or None when
+    ``func`` is not one (no :data:`IM2COL_ARGS` attribute).
+
+    The GEMM on an im2col's output may want more rows than the convolution has pixels (a
+    prime count such as 13 x 13 = 169 leaves only thin tiles, ``heuristics.padded_rows``); a
+    padding op after a hand-written kernel cannot share its buffer (FuseTIR), so the im2col
+    writes the padded rows itself.
+    """
+    attrs = func.attrs
+    if attrs is None or IM2COL_ARGS not in attrs:
+        return None
+    return im2col(*ast.literal_eval(str(attrs[IM2COL_ARGS])), extra_rows=extra_rows)
 
 
 def pack_conv_weight(w: np.ndarray, nr: int) -> np.ndarray:

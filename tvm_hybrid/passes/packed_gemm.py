@@ -18,6 +18,8 @@ QDQ and ``MatMulInteger`` paths). Every packed GEMM's kernel name contains
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from tvm import relax, te
 from tvm.target import Target
@@ -91,7 +93,9 @@ def emit_packed_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
                      weight: np.ndarray, *, weight_dtype, acc_dtype: str, out_dtype: str,
                      compensation: np.ndarray | None = None,
                      zero_point: relax.Expr | None = None,
-                     pad_rows: bool = True) -> relax.Expr | None:
+                     pad_rows: bool = True,
+                     row_padder: Callable[[int], relax.Expr] | None = None
+                     ) -> relax.Expr | None:
     """The call of ``x @ weight`` as a packed GEMM (padding and packing emitted), or None when
     ``target`` has no kernel for it (then nothing is emitted).
 
@@ -110,17 +114,26 @@ def emit_packed_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
     pad_rows
         Whether ``x`` may be padded with zero rows (``padded_rows``); not for the output of a
         hand-written kernel (im2col), whose buffer FuseTIR cannot share with the padding.
+    row_padder
+        Where ``x`` may be padded but not by a padding op: emits ``x`` with the given number
+        of zero rows appended (an im2col writing them itself, ``prepack.py``).
     """
     in_dtype = str(x.ty.dtype)
     k, n = (int(d) for d in weight.shape)
     m = int(x.ty.shape.values[-2])
-    extra_rows = padded_rows(target, in_dtype, GemmShape(1, m, n, k)) if pad_rows else 0
+    extra_rows = padded_rows(target, in_dtype, GemmShape(1, m, n, k)) \
+        if pad_rows or row_padder else 0
     layout = weight_layout(target, in_dtype, m + extra_rows, n, k)
+    if layout is not None and row_padder is not None and extra_rows and -k % layout[1]:
+        # K needs a padding op too, which would follow the padder's kernel: keep the rows
+        extra_rows, layout = 0, weight_layout(target, in_dtype, m, n, k)
     if layout is None:
         return None
     panel, group = layout
     pad = -k % group  # zero columns of x times zero rows of W add nothing
-    if pad or extra_rows:  # zero rows of x give rows the kernel slices off
+    if row_padder is not None and extra_rows:
+        x = row_padder(extra_rows)
+    elif pad or extra_rows:  # zero rows of x give rows the kernel slices off
         x = builder.emit(relax.op.nn.pad(x, [0, 0] * (x.ty.ndim - 2) + [0, extra_rows, 0, pad]))
     packed = relax.const(pack_weight(weight, panel, group, weight_dtype))
     extra = [] if compensation is None else [relax.const(compensation)]

@@ -19,6 +19,7 @@ from tvm import relax
 from tvm.target import Target
 
 from .bf16 import emit_bf16_gemm
+from .conv_computes import IM2COL, IM2COL_ARGS, im2col_padding_rows
 from .packed_gemm import emit_packed_gemm
 from .relax_rewrite import bound_value, is_op, is_static_tensor, rewrite_functions
 
@@ -40,7 +41,8 @@ class PrepackConstantWeights:
         self.bf16 = bf16
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        return rewrite_functions(mod, _Rewriter(mod, self.target, self.bf16))
+        return rewrite_functions(mod, _Rewriter(mod, self.target, self.bf16),
+                                 eliminate_dead_code=True)
 
 
 @relax.expr_functor.mutator
@@ -62,13 +64,34 @@ class _Rewriter(relax.PyExprMutator):
         if dtype not in ("float32", "bfloat16") or not is_static_tensor(x.ty, (dtype,)):
             return call
         array = weight.value.numpy()
-        # An im2col's output (a hand-written kernel) keeps its rows (emit_packed_gemm).
-        pad_rows = not is_op(bound_value(self, x), "relax.call_tir")
+        # An im2col's output (a hand-written kernel) gets padded rows only from the im2col
+        # itself (emit_packed_gemm); other kernels' outputs keep their rows.
+        producer = bound_value(self, x)
+        pad_rows = not is_op(producer, "relax.call_tir")
+        row_padder = None if pad_rows else self._im2col_padder(producer)
         if dtype == "bfloat16" or self.bf16:
             gemm = emit_bf16_gemm(self.builder_, self.target, x, array, str(call.ty.dtype),
                                   pad_rows)
             if gemm is not None or dtype == "bfloat16":
                 return call if gemm is None else gemm
         gemm = emit_packed_gemm(self.builder_, self.target, x, array, weight_dtype="float32",
-                                acc_dtype="float32", out_dtype="float32", pad_rows=pad_rows)
+                                acc_dtype="float32", out_dtype="float32", pad_rows=pad_rows,
+                                row_padder=row_padder)
         return call if gemm is None else gemm
+
+    def _im2col_padder(self, producer: relax.Call):
+        """For ``producer`` an :func:`~.conv_computes.im2col` call, the function emitting it
+        again with zero rows appended (``emit_packed_gemm``'s ``row_padder``); else None."""
+        gvar, args = producer.args[0], producer.args[1]
+        func = self.builder_.get()[gvar]
+        if IM2COL_ARGS not in (func.attrs or {}):
+            return None
+        rows, cols = (int(d) for d in producer.ty.shape.values)
+        dtype = str(producer.ty.dtype)
+
+        def pad(extra_rows: int) -> relax.Expr:
+            padded = self.builder_.add_func(im2col_padding_rows(func, extra_rows), IM2COL)
+            return self.builder_.emit(relax.call_tir(padded, args, relax.TensorType(
+                (rows + extra_rows, cols), dtype)))
+
+        return pad
