@@ -28,8 +28,14 @@ from tvm_hybrid.passes.gemm_chain import (
     chain_wins,
 )
 from tvm_hybrid.pipeline import fusion_passes, graph_passes, normalize_passes
+from tvm_hybrid.schedules.gemm.heuristics import panel_width
 from tvm_hybrid.schedules.gemm.template import TEMPLATE_ANNOTATION
-from tvm_hybrid.schedules.gemm_chain import CHAIN_ANNOTATION
+from tvm_hybrid.schedules.gemm_chain import (
+    CHAIN_ANNOTATION,
+    ChainShape,
+    chain_variants,
+    thin_tiles,
+)
 from tvm_hybrid.tuning import extract_tasks
 from tvm_hybrid.tuning.space import config_key, knobs_from_dict
 
@@ -119,6 +125,23 @@ def test_no_chain_with_fewer_rows_than_threads(monkeypatch):
     # One row on two threads: the per-layer kernels split N over the cores; a chain could not.
     wl = workloads.mlp(1, DIMS)
     assert CHAIN_COMPOSITE not in _called(_graph(wl.model, HASWELL, monkeypatch, "all"))
+
+
+@pytest.mark.parametrize("target,chained", [(HASWELL, False), (ZNVER4, True)],
+                         ids=["avx2", "avx512"])
+def test_no_chain_where_the_row_blocks_take_thin_tiles(target, chained, monkeypatch):
+    # 196 rows on two threads: 98-row blocks, which on AVX2 only 2- and 7-row tiles divide
+    # (2x32, 7x8) where the per-layer kernels take 4x24: apart there; AVX-512's 7x32 and
+    # 14x16 are good tiles. 192 rows chain on both.
+    tgt = tvm_hybrid.make_target(target)
+    panels = [(n, k, panel_width(tgt, "float32", 196, n, k)) for n, k in ((96, 64), (48, 96))]
+    layers = tuple((-(-n // p) * p, k, p) for n, k, p in panels)  # N padded, as packed
+    shape_196 = ChainShape(196, layers, ("float32", "float32"))
+    knobs = chain_variants(shape_196, tgt)[0]
+    assert thin_tiles(shape_196, knobs, tgt) is not chained
+    for batch, expected in ((196, chained), (192, True)):
+        graph = _graph(workloads.mlp(batch, (64, 96, 48)).model, target, monkeypatch, "auto")
+        assert (CHAIN_COMPOSITE in _called(graph)) is expected, (batch, _called(graph))
 
 
 def test_the_mode_variable_is_checked(monkeypatch):

@@ -15,8 +15,10 @@ between layers).
 The cost model (:func:`chain_wins`): every core then reads every layer's weights, not its
 share, so a chain is formed only while the weights stay in the caches (a core's L2 or half
 the shared L3) and the batch is small enough that the per-layer kernels' forks, joins and
-calls are a visible share, with a few rows per thread at least. ``TVM_HYBRID_GEMM_CHAINS``
-(``auto``, ``off``, ``all``) overrides it, to measure one against the other.
+calls are a visible share, with a few rows per thread at least, and each layer's row block
+keeps a register tile nearly as good as its per-layer kernel's (``thin_tiles``).
+``TVM_HYBRID_GEMM_CHAINS`` (``auto``, ``off``, ``all``) overrides it, to measure one against
+the other.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from tvm.target import Target
 
 from ..errors import OptionError
 from ..host import CacheSizes, cache_sizes
-from ..schedules.gemm_chain import ChainShape, chain_variants
+from ..schedules.gemm_chain import ChainShape, chain_variants, thin_tiles
 from ..thread_pool import num_threads
 from .packed_gemm import KERNEL_NAMES
 from .relax_rewrite import static_shape
@@ -238,10 +240,12 @@ class FuseGemmChains:
             return True
         shape = ChainShape(layers[0].rows, tuple(layer.shape for layer in layers),
                            tuple(layer.dtype for layer in layers))
-        if not chain_variants(shape, self.target):
+        variants = chain_variants(shape, self.target)
+        if not variants:
             return False
         return self.mode == "all" or chain_wins(
-            shape.m, sum(layer.weight_bytes for layer in layers), self.caches, self.threads)
+            shape.m, sum(layer.weight_bytes for layer in layers), self.caches, self.threads) \
+            and not thin_tiles(shape, variants[0], self.target)
 
     @staticmethod
     def _merge(mod: tvm.IRModule, builder: relax.BlockBuilder, layers: list[_Layer], index: int):

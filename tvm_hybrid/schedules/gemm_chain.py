@@ -34,11 +34,17 @@ from ..microkernels import Microkernel, has_gemm_kernels, microkernel_by_name
 from ..thread_pool import num_threads
 from .accumulate import is_reduction, reduction_blocks
 from .gemm.analysis import GemmBlock, match_gemm
-from .gemm.heuristics import GemmKnobs, GemmShape, divisors, select
+from .gemm.heuristics import GemmKnobs, GemmShape, divisors, select, tile_throughput
 from .gemm.template import attach_gemm_epilogue, candidate_kernels, tensorize_gemm, tile_gemm
 from .parallel_vectorize import inline_free_producers
 from .template import Template, adjacent
 
+#: The cost model keeps a chain's layers apart where a row block's tile has less than this
+#: share of the throughput of the tile the whole ``M`` takes (:func:`thin_tiles`): ResNet-50's
+#: 14x14 stage (196 rows, 2 threads) chained its 3x3 and 1x1 convolutions in 14-row blocks on
+#: AVX2's 2x24 tile at 76% of peak, where the per-layer kernels run 4x24 at 96%
+#: (``heuristics.tile_throughput``: 0.9 vs 1.71).
+THIN_TILES = 0.75
 #: Loop annotation of the merged loop: the chain's layers and rows per block.
 CHAIN_ANNOTATION = "hybrid.gemm_chain"
 
@@ -176,6 +182,17 @@ def chain_variants(shape: ChainShape, target: Target) -> list[ChainKnobs]:
         else:
             out.append(ChainKnobs(rows, tuple(kernels)))
     return out
+
+
+def thin_tiles(shape: ChainShape, knobs: ChainKnobs, target: Target) -> bool:
+    """Whether a layer of the chain ``knobs`` runs on a tile with less than
+    :data:`THIN_TILES` of the throughput of the tile its per-layer kernel would take (all
+    ``M`` rows): the cost model then keeps the layers apart."""
+    for (n, k, panel), dtype, kernel in zip(shape.layers, shape.dtypes, knobs.kernels):
+        ranked = select(target, dtype, GemmShape(1, shape.m, n, k), panel=panel)
+        if ranked and tile_throughput(kernel) < THIN_TILES * tile_throughput(ranked[0]):
+            return True
+    return False
 
 
 def row_choices(shape: ChainShape, threads: int) -> list[int]:

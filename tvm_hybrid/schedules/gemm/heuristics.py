@@ -145,11 +145,11 @@ def l1_aliased(kernel: Microkernel, shape: GemmShape) -> bool:
 
 
 def padded_throughput(kernel: Microkernel, n: int) -> float:
-    """:func:`_throughput` times the useful share of the columns once ``N`` is padded to whole
-    panels: 32 columns on 24-wide panels compute 48, so a 4x24 tile does a third of its work
+    """:func:`tile_throughput` times the useful share of the columns once ``N`` is padded to
+    whole panels: 32 columns on 24-wide panels compute 48, so a 4x24 tile does a third of its work
     on zeros and a 2x32 or 4x16 tile is faster."""
     cols = -(-n // kernel.panel_width) * kernel.panel_width
-    return _throughput(kernel) * n / cols
+    return tile_throughput(kernel) * n / cols
 
 
 def padded_rows(target: Target, in_dtype: str, shape: GemmShape) -> int:
@@ -167,16 +167,16 @@ def padded_rows(target: Target, in_dtype: str, shape: GemmShape) -> int:
     exact = select(target, in_dtype, shape, packing=True)
     if exact and exact[0].per_block:
         return 0
-    best_rows, best = 0, (_throughput(exact[0]) if exact else 0.0) * _PAD_GAIN
+    best_rows, best = 0, (tile_throughput(exact[0]) if exact else 0.0) * _PAD_GAIN
     for kernel in microkernels_for(target, in_dtype, include_blocks=False):
         pad = -shape.m % kernel.mr
-        value = _throughput(kernel) * shape.m / (shape.m + pad)
+        value = tile_throughput(kernel) * shape.m / (shape.m + pad)
         if pad and value > best:
             best_rows, best = pad, value
     return best_rows
 
 
-def _throughput(k: Microkernel) -> float:
+def tile_throughput(k: Microkernel) -> float:
     """Rule 1's ranking as one number: FMAs per load, discounted below 8 accumulators."""
     vectors = k.nr // k.lanes
     accumulators = k.mr * vectors
