@@ -130,9 +130,9 @@ def test_no_chain_with_fewer_rows_than_threads(monkeypatch):
 @pytest.mark.parametrize("target,chained", [(HASWELL, False), (ZNVER4, True)],
                          ids=["avx2", "avx512"])
 def test_no_chain_where_the_row_blocks_take_thin_tiles(target, chained, monkeypatch):
-    # 196 rows on two threads: 98-row blocks, which on AVX2 only 2- and 7-row tiles divide
-    # (2x32, 7x8) where the per-layer kernels take 4x24: apart there; AVX-512's 7x32 and
-    # 14x16 are good tiles. 192 rows chain on both.
+    # 196 rows on two threads: 98-row blocks, which on AVX2's 24-wide panels only a 2x24
+    # tile divides (0.9 against 4x24's 1.71 for the per-layer kernel): apart there; AVX-512's
+    # 14x32 is a good tile. 192 rows chain on both.
     tgt = tvm_hybrid.make_target(target)
     panels = [(n, k, panel_width(tgt, "float32", 196, n, k)) for n, k in ((96, 64), (48, 96))]
     layers = tuple((-(-n // p) * p, k, p) for n, k, p in panels)  # N padded, as packed

@@ -78,6 +78,8 @@ def im2col(x_shape: tuple[int, int, int, int], kernel: tuple[int, int],
             for row, e in T.grid(extra_rows, k + extra_columns):
                 cols[n * oh * ow + row, e] = zero
 
+    if not isinstance(fill, (int, float, np.number)) or not np.isfinite(fill) or extra_rows:
+        return func  # (only an unpadded im2col of a constant, finite fill can be re-emitted)
     args = (*(tuple(int(v) for v in a) for a in (x_shape, kernel, strides, padding, dilation,
                                                  out_hw)),
             str(dtype), int(fill) if "int" in str(dtype) else float(fill), int(extra_columns))
@@ -86,7 +88,8 @@ def im2col(x_shape: tuple[int, int, int, int], kernel: tuple[int, int],
 
 def im2col_padding_rows(func: tirx.PrimFunc, extra_rows: int) -> tirx.PrimFunc | None:
     """:func:`im2col` ``func`` again with ``extra_rows`` rows of its fill appended, or None when
-    ``func`` is not one (no :data:`IM2COL_ARGS` attribute).
+    ``func`` is not an unpadded one (no :data:`IM2COL_ARGS` attribute: a padded im2col, or one
+    whose fill is not a finite constant, is not re-emitted).
 
     The GEMM on an im2col's output may want more rows than the convolution has pixels (a
     prime count such as 13 x 13 = 169 leaves only thin tiles, ``heuristics.padded_rows``); a

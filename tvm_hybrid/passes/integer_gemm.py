@@ -139,7 +139,8 @@ class _Rewriter(TargetMutator):
         matched = self._match(*call.args)
         if matched is None:
             return call
-        # An im2col's output (a hand-written kernel) keeps its rows, as in PrepackConstantWeights.
+        # An im2col's output (a hand-written kernel) keeps its rows (PrepackConstantWeights has
+        # an fp32 im2col write padded rows itself; the integer im2col is not re-emitted).
         pad_rows = not is_op(bound_value(self, matched[0]), "relax.call_tir")
         gemm = emit_int8_gemm(self.builder_, self.target, *matched, pad_rows=pad_rows)
         return call if gemm is None else gemm

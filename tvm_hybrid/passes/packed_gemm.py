@@ -116,7 +116,8 @@ def emit_packed_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
         hand-written kernel (im2col), whose buffer FuseTIR cannot share with the padding.
     row_padder
         Where ``x`` may be padded but not by a padding op: emits ``x`` with the given number
-        of zero rows appended (an im2col writing them itself, ``prepack.py``).
+        of rows appended (an fp32 im2col writing zero rows itself, ``prepack.py``); their
+        results are sliced off in the kernel.
     """
     in_dtype = str(x.ty.dtype)
     k, n = (int(d) for d in weight.shape)

@@ -14,6 +14,8 @@ front-end (``integer_gemm.py``), which runs first.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import tvm
 from tvm import relax
 from tvm.target import Target
@@ -79,9 +81,15 @@ class _Rewriter(relax.PyExprMutator):
                                 row_padder=row_padder)
         return call if gemm is None else gemm
 
-    def _im2col_padder(self, producer: relax.Call):
-        """For ``producer`` an :func:`~.conv_computes.im2col` call, the function emitting it
-        again with zero rows appended (``emit_packed_gemm``'s ``row_padder``); else None."""
+    def _im2col_padder(self, producer: relax.Call) -> Callable[[int], relax.Expr] | None:
+        """The function emitting ``producer``, an :func:`~.conv_computes.im2col` call, again
+        with zero rows appended.
+
+        Returns
+        -------
+        ``emit_packed_gemm``'s ``row_padder`` (number of rows -> the padded call), or None
+        when ``producer`` is not a call of an im2col that can be re-emitted.
+        """
         gvar, args = producer.args[0], producer.args[1]
         func = self.builder_.get()[gvar]
         if IM2COL_ARGS not in (func.attrs or {}):
