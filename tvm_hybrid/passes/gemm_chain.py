@@ -243,9 +243,11 @@ class FuseGemmChains:
         variants = chain_variants(shape, self.target)
         if not variants:
             return False
-        return self.mode == "all" or chain_wins(
-            shape.m, sum(layer.weight_bytes for layer in layers), self.caches, self.threads) \
-            and not thin_tiles(shape, variants[0], self.target)
+        if self.mode == "all":
+            return True
+        weights = sum(layer.weight_bytes for layer in layers)
+        return (chain_wins(shape.m, weights, self.caches, self.threads)
+                and not thin_tiles(shape, variants[0], self.target))
 
     @staticmethod
     def _merge(mod: tvm.IRModule, builder: relax.BlockBuilder, layers: list[_Layer], index: int):
