@@ -143,6 +143,9 @@ def test_knobs_come_from_the_registry_and_keep_accumulators_on_the_stack():
         assert knobs.qk.mr * knobs.qk.nr * 4 < STACK_BYTES
         assert knobs.q_block == 4 * lanes and 384 % knobs.k_block == 0
         assert knobs.k_block <= KEY_BLOCK and 64 % knobs.pv.nr == 0
+        # P.V: 4 x 64 on AVX-512; on AVX2 the GEMM ranking ties 4 x 16 with 2 x 32, and the
+        # taller tile (fewer rows of V loaded per key) wins the tie.
+        assert (knobs.pv.mr, knobs.pv.nr) == (4, 4 * lanes if lanes == 16 else 2 * lanes)
         # 197 queries: blocks of two vectors pad fewer rows than blocks of four.
         assert choose_knobs(target, AttentionShape(1, 12, 197, 197, 64)).q_block == 2 * lanes
     # A head dimension that is no whole number of vectors: no knobs, the graph stays unfused.
