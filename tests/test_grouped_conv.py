@@ -65,7 +65,10 @@ def _matches_onnxruntime(model, x, target=None):
 
 CASES = [dict(), dict(k=3, pads=1, c=64, o=96, groups=2, size=16),
          dict(k=3, pads=2, dilation=2, c=64, o=64, groups=4, size=16),
-         dict(residual=True)]
+         dict(residual=True),
+         # 14-pixel rows, which no AVX2 tile divides: a 1x1 convolution's 196 pixels as one
+         # row (its [N, 1, 196, G, Og] output's reshape still moves past the BatchNorm).
+         dict(size=14, residual=True)]
 
 
 @pytest.mark.requires("avx2")
@@ -73,7 +76,8 @@ CASES = [dict(), dict(k=3, pads=1, c=64, o=96, groups=2, size=16),
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items())
                          or "1x1")
 def test_grouped_conv_is_one_template_kernel_for_all_groups(case, target):
-    """ShuffleNet's 4-group 1x1 (34 channels a group: padded panels), 3x3 and dilated grouped
+    """ShuffleNet's 4-group 1x1 (34 channels a group: padded panels; at 28x28 and at 14x14,
+    whose pixels form one row), 3x3 and dilated grouped
     convolutions: one direct-template kernel, its detail naming the groups; no slice or
     concatenation kernel; the BatchNorm folded (no subtract or divide left), the bias, ReLU
     and residual add in the convolution's kernel."""
@@ -102,6 +106,7 @@ def test_grouped_conv_keeps_a_conv_per_group_where_one_kernel_would_not_pay():
     assert grouped_panel(znver4, 28, 8, (1, 1)) is None
     assert grouped_panel(znver4, 28, 34, (2, 2)) is None
     assert grouped_panel(znver4, 29, 34, (1, 1)) is None  # no tile divides a 29-pixel row
+    assert grouped_panel(haswell, 14, 34, (1, 1)) is None  # nor AVX2's a 14-pixel one
     model, x = _model(k=3, pads=1, strides=2, c=32, o=64, groups=2, size=14)
     compiled = _matches_onnxruntime(model, x)
     engine = [n for n in main_calls(compiled) if "direct_conv" in n or "packed_matmul" in n]

@@ -202,15 +202,24 @@ class _Rewriter(TargetMutator):
         :func:`grouped_direct_conv` kernel for all groups where :func:`grouped_panel` allows
         (no slices, no concatenation); else one dense convolution per group (:meth:`_gemm`:
         im2col, direct or 1x1 GEMM) on its slice of the channels, the outputs concatenated."""
-        o, _, _, per_group = w.shape
+        o, kh, kw, per_group = w.shape
         outs = o // groups
         bb = self.builder_
+        out_hw = tuple(out_shape[1:3])
         nr = grouped_panel(self.target, out_shape[2], outs, _pair(attrs.strides))
+        if nr is None and (kh, kw) == (1, 1) and not any(_four(attrs.padding)):
+            # A 1x1 convolution's pixels as one row: AVX2's tiles (4, 6 rows) divide
+            # ShuffleNet's 196 pixels of 14x14, not its 14-pixel rows.
+            pixels = out_shape[1] * out_shape[2]
+            nr = grouped_panel(self.target, pixels, outs, _pair(attrs.strides))
+            if nr is not None:
+                x = bb.emit(relax.op.reshape(x, [out_shape[0], 1, pixels, -1]))
+                out_hw = (1, pixels)
         if nr is not None:
             x = self._padded(x, _four(attrs.padding))
             packed = relax.const(pack_grouped_conv_weight(w, groups, nr))
             y = bb.emit(self._not_inlined_into(bb.call_te(
-                grouped_direct_conv, x, packed, _pair(attrs.dilation), tuple(out_shape[1:3]),
+                grouped_direct_conv, x, packed, _pair(attrs.dilation), out_hw,
                 outs, primfunc_name_hint=DIRECT_CONV)))
             return relax.op.reshape(y, out_shape)
         parts = []

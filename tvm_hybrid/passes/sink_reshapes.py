@@ -142,13 +142,14 @@ class _Sinker(relax.PyExprMutator):
         if value.size == 1:
             return relax.const(value.reshape(()))
         # A constant along the last axis only, which the reshape keeps (or merges from the
-        # last two: a grouped convolution's [G, Og]).
+        # last two: a grouped convolution's [G, Og], whose leading axes may be merged or split
+        # too: [N, 1, H * W, G, Og] of a 1x1 one to [N, H, W, G * Og]).
         lead = value.shape[:-1]
         if not all(d == 1 for d in lead) or value.shape[-1] != out_shape[-1]:
             return None
         if value.shape[-1] == src_shape[-1]:
             return relax.const(np.ascontiguousarray(value.reshape(-1)))
-        if len(src_shape) >= 2 and src_shape[:-2] == out_shape[:-1] \
+        if len(src_shape) >= 2 and np.prod(src_shape[:-2]) == np.prod(out_shape[:-1]) \
                 and src_shape[-2] * src_shape[-1] == out_shape[-1]:  # [.., A, B] to [.., A * B]
             return relax.const(np.ascontiguousarray(value.reshape(src_shape[-2:])))
         return None
