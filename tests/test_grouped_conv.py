@@ -68,7 +68,9 @@ CASES = [dict(), dict(k=3, pads=1, c=64, o=96, groups=2, size=16),
          dict(residual=True),
          # 14-pixel rows, which no AVX2 tile divides: a 1x1 convolution's 196 pixels as one
          # row (its [N, 1, 196, G, Og] output's reshape still moves past the BatchNorm).
-         dict(size=14, residual=True)]
+         dict(size=14, residual=True),
+         # 49 pixels of 7x7: one row padded to a whole number of tiles (AVX2: 50, 5-row tiles).
+         dict(size=7, c=272, o=272)]
 
 
 @pytest.mark.requires("avx2")
@@ -76,8 +78,8 @@ CASES = [dict(), dict(k=3, pads=1, c=64, o=96, groups=2, size=16),
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items())
                          or "1x1")
 def test_grouped_conv_is_one_template_kernel_for_all_groups(case, target):
-    """ShuffleNet's 4-group 1x1 (34 channels a group: padded panels; at 28x28 and at 14x14,
-    whose pixels form one row), 3x3 and dilated grouped
+    """ShuffleNet's 4-group 1x1 (34 channels a group: padded panels; at 28x28, and at 14x14
+    and 7x7, whose pixels form one row, padded to whole tiles), 3x3 and dilated grouped
     convolutions: one direct-template kernel, its detail naming the groups; no slice or
     concatenation kernel; the BatchNorm folded (no subtract or divide left), the bias, ReLU
     and residual add in the convolution's kernel."""

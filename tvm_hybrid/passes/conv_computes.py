@@ -142,12 +142,14 @@ def direct_conv(xp: te.Tensor, packed: te.Tensor, dilation: tuple[int, int],
 
 
 def grouped_direct_conv(xp: te.Tensor, packed: te.Tensor, dilation: tuple[int, int],
-                        out_hw: tuple[int, int], channels: int) -> te.Tensor:
+                        out_hw: tuple[int, int], channels: int,
+                        width: int | None = None) -> te.Tensor:
     """The stride-1 NHWC convolution of the padded ``xp[N, H, W, G * Cg]`` in ``G`` groups by
     :func:`pack_grouped_conv_weight`'s ``packed``, ``channels`` outputs per group, as
     ``Y[N, OH, OW, G, channels]`` (reshaped, the NHWC output: no concatenation): the direct
     template's compute with a group axis, each group's ``mr x Cg`` input rows read in place
-    (leading dimension ``G * Cg``)."""
+    (leading dimension ``G * Cg``). With ``width`` the output keeps only that many of the
+    ``OW`` pixels of a row computed (rows padded to whole tiles)."""
     groups, panels, kh, kw, c, nr = (int(d) for d in packed.shape)
     ky = te.reduce_axis((0, kh), name="ky")
     kx = te.reduce_axis((0, kw), name="kx")
@@ -158,10 +160,11 @@ def grouped_direct_conv(xp: te.Tensor, packed: te.Tensor, dilation: tuple[int, i
             xp[b, y + ky * dilation[0], x + kx * dilation[1], g * c + rc]
             * packed[g, o // nr, ky, kx, rc, o % nr], axis=[ky, kx, rc]),
         name=DIRECT_CONV_BLOCK)
-    if panels * nr == channels:
+    width = out_hw[1] if width is None else width
+    if panels * nr == channels and width == out_hw[1]:
         return out
-    return te.compute((int(xp.shape[0]), *out_hw, groups, channels), lambda *i: out[i],
-                      name="unpad")
+    return te.compute((int(xp.shape[0]), out_hw[0], width, groups, channels),
+                      lambda *i: out[i], name="unpad")
 
 
 def is_grouped_conv(value) -> bool:

@@ -82,6 +82,8 @@ _MAX_TAPS = 25
 #: TVM's lowering (a GEMM per group of a few channels would be mostly overhead).
 _MAX_GROUPS = 16
 _MIN_GROUP_CHANNELS = 4
+#: The most pixels a grouped 1x1 convolution's row (all its pixels) is padded by for a tile.
+MAX_PIXEL_PADDING = 3
 _NHWC = ("NHWC", "OHWI", "NHWC")
 #: Fewer input channels than this per tap keep im2col (the microkernel's K would be too short).
 _MIN_DIRECT_DEPTH = 8
@@ -205,22 +207,26 @@ class _Rewriter(TargetMutator):
         o, kh, kw, per_group = w.shape
         outs = o // groups
         bb = self.builder_
-        out_hw = tuple(out_shape[1:3])
+        out_hw, width = tuple(out_shape[1:3]), out_shape[2]
+        padding = _four(attrs.padding)
         nr = grouped_panel(self.target, out_shape[2], outs, _pair(attrs.strides))
-        if nr is None and (kh, kw) == (1, 1) and not any(_four(attrs.padding)):
+        if nr is None and (kh, kw) == (1, 1) and not any(padding):
             # A 1x1 convolution's pixels as one row: AVX2's tiles (4, 6 rows) divide
-            # ShuffleNet's 196 pixels of 14x14, not its 14-pixel rows.
+            # ShuffleNet's 196 pixels of 14x14, not its 14-pixel rows; its 49 pixels of 7x7
+            # padded to 52 (the kernel keeps the first 49).
             pixels = out_shape[1] * out_shape[2]
-            nr = grouped_panel(self.target, pixels, outs, _pair(attrs.strides))
-            if nr is not None:
-                x = bb.emit(relax.op.reshape(x, [out_shape[0], 1, pixels, -1]))
-                out_hw = (1, pixels)
+            for row in range(pixels, pixels + MAX_PIXEL_PADDING + 1):
+                nr = grouped_panel(self.target, row, outs, _pair(attrs.strides))
+                if nr is not None:
+                    x = bb.emit(relax.op.reshape(x, [out_shape[0], 1, pixels, -1]))
+                    out_hw, width, padding = (1, row), pixels, (0, 0, 0, row - pixels)
+                    break
         if nr is not None:
-            x = self._padded(x, _four(attrs.padding))
+            x = self._padded(x, padding)
             packed = relax.const(pack_grouped_conv_weight(w, groups, nr))
             y = bb.emit(self._not_inlined_into(bb.call_te(
                 grouped_direct_conv, x, packed, _pair(attrs.dilation), out_hw,
-                outs, primfunc_name_hint=DIRECT_CONV)))
+                outs, width, primfunc_name_hint=DIRECT_CONV)))
             return relax.op.reshape(y, out_shape)
         parts = []
         for g in range(groups):
