@@ -213,7 +213,7 @@ class _Rewriter(TargetMutator):
         if nr is None and (kh, kw) == (1, 1) and not any(padding):
             # A 1x1 convolution's pixels as one row: AVX2's tiles (4, 6 rows) divide
             # ShuffleNet's 196 pixels of 14x14, not its 14-pixel rows; its 49 pixels of 7x7
-            # padded to 52 (the kernel keeps the first 49).
+            # are padded to 50 for 5-row tiles (the kernel keeps the first 49).
             pixels = out_shape[1] * out_shape[2]
             for row in range(pixels, pixels + MAX_PIXEL_PADDING + 1):
                 nr = grouped_panel(self.target, row, outs, _pair(attrs.strides))
