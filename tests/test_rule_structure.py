@@ -10,6 +10,7 @@ convolution template's pixel blocks with the taps outside the tiles.
 
 from __future__ import annotations
 
+import numpy as np
 import tvm
 from tvm.script import tirx as T
 
@@ -53,6 +54,33 @@ def elementwise_scheduled(A: T.Buffer((64, 256), "float32"), C: T.Buffer((64, 25
                 C[v0, v1] = T.max(A[v0, v1] * T.float32(2.0), T.float32(0.0))
 # from tvm.script import tirx as T
 # from tvm.tirx.layout import Axis
+
+
+@T.prim_func(s_tir=True)
+def channel_shuffle(A: T.Buffer((256, 4, 16), "float32"), C: T.Buffer((256, 64), "float32")):
+    T.func_attr({"tirx.noalias": True})
+    for i, j in T.grid(256, 64):
+        with T.sblock("C"):
+            v_i, v_j = T.axis.remap("SS", [i, j])
+            T.reads(A[v_i, v_j % 4, v_j // 4])
+            T.writes(C[v_i, v_j])
+            C[v_i, v_j] = A[v_i, v_j % 4, v_j // 4]
+
+
+# A transposing copy: parallel rows (256 >= 64 iterations, no more loops fused), the 64
+# channels in 4 unrolled chunks of 16, not vectorised (that would gather lane by lane).
+@T.prim_func(s_tir=True)
+def channel_shuffle_scheduled(A: T.Buffer((256, 4, 16), "float32"), C: T.Buffer((256, 64), "float32")):
+    T.func_attr({"tirx.noalias": True})
+    for ax0 in T.parallel(256):
+        for ax1_0 in range(4):
+            for ax1_1 in T.unroll(16):
+                with T.sblock("C"):
+                    v0 = T.axis.spatial(256, ax0)
+                    v1 = T.axis.spatial(64, ax1_0 * 16 + ax1_1)
+                    T.reads(A[v0, v1 % 4, v1 // 4])
+                    T.writes(C[v0, v1])
+                    C[v0, v1] = A[v0, v1 % 4, v1 // 4]
 
 
 @T.prim_func(s_tir=True)
@@ -169,6 +197,19 @@ def direct_conv_scheduled(X: T.Buffer((1, 4, 10, 8), "float32"), W: T.Buffer((1,
 
 def test_parallel_vectorize_structure():
     _same(ParallelVectorize().apply(elementwise, HASWELL, False), elementwise_scheduled)
+
+
+def test_parallel_vectorize_unrolls_a_transposing_copy():
+    _same(ParallelVectorize().apply(channel_shuffle, HASWELL, False), channel_shuffle_scheduled)
+    # and computes it (on this host: the unrolled chunks are plain code for any x86-64)
+    host = tvm_hybrid.make_target("host")
+    func = ParallelVectorize().apply(channel_shuffle, host, False).mod["main"]
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
+                      target=host)
+    a = np.random.default_rng(0).standard_normal((256, 4, 16)).astype("float32")
+    c = tvm.runtime.tensor(np.zeros((256, 64), "float32"))
+    lib["main"](tvm.runtime.tensor(a), c)
+    np.testing.assert_array_equal(c.numpy(), a.transpose(0, 2, 1).reshape(256, 64))
 
 
 def test_gemm_template_structure():

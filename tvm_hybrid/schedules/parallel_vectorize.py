@@ -10,8 +10,12 @@ runs single-threaded and scalar, as stock TVM 0.27 does on CPU. Per function:
 2. GEMM-like reductions (the innermost output axis is contiguous in one operand and not reduced)
    get an ``MR x NR`` register tile accumulated in a local buffer across the whole reduction;
    the elementwise epilogue (bias, activation) is inlined into the tile's write-back.
-3. Every other block: spatial loops outermost, fused and parallel; the innermost loop vectorised
-   when it is the contiguous axis of the written buffer; reductions stay serial per output.
+3. Every other block: spatial loops outermost, enough leading ones fused for a parallel loop,
+   the rest serial inside it; the innermost loop vectorised when it is the contiguous axis of
+   the written buffer and of every buffer read; reductions stay serial per output. A
+   transposing copy (a read whose contiguous axis is not the written one: NCHW to NHWC, a
+   channel shuffle) would vectorise to per-lane gathers instead: its innermost loop is
+   unrolled in chunks for LLVM's SLP vectoriser.
 
 A function the rule cannot handle (opaque blocks, a schedule error) is returned as ``None`` and
 takes TVM's stock lowering.
@@ -28,6 +32,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import SBlockInfo, get_sblock_info, normalize_prim_func
 from tvm.s_tir.dlight.base import ScheduleRule
+from tvm.sym import detect_linear_equation
 from tvm.target import Target
 
 from ..errors import first_line
@@ -40,6 +45,10 @@ logger = logging.getLogger(__name__)
 _MIN_PARALLEL_WORK = 1 << 14
 # Register-tile rows tried for GEMM-like blocks, best first; the first one dividing M is used.
 _TILE_ROWS = (6, 4, 3, 2, 1)
+# Innermost elements a transposing copy unrolls per step (at least one vector of its type).
+_UNROLL_CHUNK = 16
+# Spatial blocks fuse leading loops until they give this many parallel iterations.
+_PARALLEL_GRAIN = 256
 
 
 def vector_lanes(target: Target, dtype: str) -> int:
@@ -344,18 +353,79 @@ def _schedule_spatial(sch, block, target: Target) -> None:
     inner = loops[-1]
     inner_ext = _const_extent(sch, inner)
     lanes = vector_lanes(target, out.dtype)
+    last = stmt.iter_vars[-1].var
+    if inner_ext is not None and not (_last_index_is(stmt.body, out, last)
+                                      and _reads_follow(stmt.body, last)):
+        _schedule_transposing(sch, block, loops, inner_ext, max(_UNROLL_CHUNK, lanes))
+        return
+    worth = _worth_parallel(sch, loops)
     vec = None
-    if inner_ext is not None and _last_index_is(stmt.body, out, stmt.iter_vars[-1].var):
+    if inner_ext is not None:
         width = next((w for w in (lanes, lanes // 2, lanes // 4) if w > 1 and inner_ext % w == 0),
                      None)
         if width is not None:
             rest, vec = sch.split(inner, [None, width])
             loops = [*loops[:-1], rest]
-    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-    if _worth_parallel(sch, sch.get_loops(block)):
-        sch.parallel(fused)
+    _parallel_leading(sch, loops, worth)
     if vec is not None:
         sch.vectorize(vec)
+
+
+def _reads_follow(store, var) -> bool:
+    """Whether every load in ``store``'s value walks ``var`` in its contiguous (last) index
+    with stride 1, or not at all: vector loads, not gathers, when ``var`` is vectorised."""
+    ok = True
+
+    def on_load(node) -> None:
+        nonlocal ok
+        for position, index in enumerate(node.indices):
+            linear = list(detect_linear_equation(index, [var]))
+            if not linear or not isinstance(linear[0], prim.IntImm):
+                ok = False
+                return
+            stride = int(linear[0].value)
+            ok &= stride == 0 or (stride == 1 and position == len(node.indices) - 1)
+
+    tvm_ffi.structural_walk(store.value, [(ir_expr.TensorLoad, on_load)])
+    return ok
+
+
+def _schedule_transposing(sch, block, loops, inner_ext: int, chunk: int) -> None:
+    """Innermost loop unrolled in chunks of up to ``chunk`` elements (one chunk if it is
+    shorter); leading loops fused to at least :data:`_PARALLEL_GRAIN` parallel iterations.
+
+    A vectorised transposing read gathers lane by lane; unrolled, LLVM packs contiguous loads
+    and stores into vectors and shuffles between them (ShuffleNet's channel shuffles ran 3-5x
+    faster, NCHW to NHWC 8x, on a Zen 3).
+    """
+    worth = _worth_parallel(sch, loops)
+    step = next((d for d in range(min(chunk, inner_ext), 1, -1) if inner_ext % d == 0), 1)
+    if inner_ext <= chunk:
+        outer, unrolled = loops[:-1], loops[-1]
+    elif step >= 4:
+        rest, unrolled = sch.split(loops[-1], [None, step])
+        outer = [*loops[:-1], rest]
+    else:
+        outer, unrolled = loops, None
+    _parallel_leading(sch, outer, worth)
+    if unrolled is not None:
+        sch.unroll(unrolled)
+
+
+def _parallel_leading(sch, loops, worth: bool) -> None:
+    """The leading ``loops`` fused until they give :data:`_PARALLEL_GRAIN` iterations, and
+    parallel if ``worth`` it; the loops after them stay serial inside.
+
+    Fusing every loop would rebuild each index from one counter by division and modulo in
+    the innermost loop: a max pooling and a depthwise convolution of ShuffleNet ran 1.7-1.9x
+    faster on a Zen 3 with only their leading loops fused.
+    """
+    count, extent = 0, 1
+    while count < len(loops) and extent < _PARALLEL_GRAIN:
+        extent *= _const_extent(sch, loops[count]) or _PARALLEL_GRAIN
+        count += 1
+    if count and worth:
+        sch.parallel(sch.fuse(*loops[:count]) if count > 1 else loops[0])
 
 
 def _worth_parallel(sch, loops) -> bool:
