@@ -57,6 +57,33 @@ def elementwise_scheduled(A: T.Buffer((64, 256), "float32"), C: T.Buffer((64, 25
 
 
 @T.prim_func(s_tir=True)
+def relu_3d(A: T.Buffer((512, 9, 64), "float32"), C: T.Buffer((512, 9, 64), "float32")):
+    T.func_attr({"tirx.noalias": True})
+    for i, j, k in T.grid(512, 9, 64):
+        with T.sblock("C"):
+            v_i, v_j, v_k = T.axis.remap("SSS", [i, j, k])
+            T.reads(A[v_i, v_j, v_k])
+            T.writes(C[v_i, v_j, v_k])
+            C[v_i, v_j, v_k] = T.max(A[v_i, v_j, v_k], T.float32(0.0))
+
+
+# Only the leading loop is parallel (512 >= 256 iterations); the others stay serial inside it,
+# so no index is rebuilt from one fused counter.
+@T.prim_func(s_tir=True)
+def relu_3d_scheduled(A: T.Buffer((512, 9, 64), "float32"), C: T.Buffer((512, 9, 64), "float32")):
+    T.func_attr({"tirx.noalias": True})
+    for ax0 in T.parallel(512):
+        for ax1, ax2_0 in T.grid(9, 8):
+            for ax2_1 in T.vectorized(8):
+                with T.sblock("C"):
+                    v0, v1 = T.axis.remap("SS", [ax0, ax1])
+                    v2 = T.axis.spatial(64, ax2_0 * 8 + ax2_1)
+                    T.reads(A[v0, v1, v2])
+                    T.writes(C[v0, v1, v2])
+                    C[v0, v1, v2] = T.max(A[v0, v1, v2], T.float32(0.0))
+
+
+@T.prim_func(s_tir=True)
 def channel_shuffle(A: T.Buffer((256, 4, 16), "float32"), C: T.Buffer((256, 64), "float32")):
     T.func_attr({"tirx.noalias": True})
     for i, j in T.grid(256, 64):
@@ -197,6 +224,7 @@ def direct_conv_scheduled(X: T.Buffer((1, 4, 10, 8), "float32"), W: T.Buffer((1,
 
 def test_parallel_vectorize_structure():
     _same(ParallelVectorize().apply(elementwise, HASWELL, False), elementwise_scheduled)
+    _same(ParallelVectorize().apply(relu_3d, HASWELL, False), relu_3d_scheduled)
 
 
 def test_parallel_vectorize_unrolls_a_transposing_copy():
