@@ -415,6 +415,8 @@ def test_peak_measurement_is_plausible(kind):
         assert 0.3 < peak.clock_ghz < 8.0, peak
     else:
         # int8 packs 4 multiply-adds per lane into an instruction, bf16 2; but Intel cores issue
-        # vdpbf16ps on one port against two for fp32 FMAs, so there bf16's peak equals fp32's.
-        floor = 0.8 if kind == "int8" else 0.5
+        # vdpbf16ps on one port against two for fp32 FMAs: on Emerald Rapids VMs bf16 measured
+        # 0.66x and 0.50x the fp32 peak (two sessions; the two are timed moments apart on a
+        # shared VM), so its floor leaves room below 0.5x and still catches a broken timer.
+        floor = 0.8 if kind == "int8" else 0.35
         assert peak.gops > measure_peak("fp32").gops * floor, peak
