@@ -11,7 +11,7 @@ import textwrap
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 import tvm_hybrid
 from tvm_hybrid import compiler
@@ -76,6 +76,21 @@ def test_fallback_hint_names_the_shape():
     (info,) = model.kernels.values()
     assert info.schedule == "fallback" and info.nodes == ["MatMul 'y'"]
     assert "GEMM 7x5x13" in info.detail and "--others metaschedule" in info.detail
+
+
+def test_fallback_hint_names_a_depthwise_convolution():
+    """A depthwise convolution is named as one, not as elementwise data movement."""
+    weight = numpy_helper.from_array(
+        np.random.default_rng(0).standard_normal((16, 1, 3, 3)).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], group=16, pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(nodes, "g", [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 12, 12])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 12, 12])], [weight])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = 8
+    model = tvm_hybrid.compile(proto)
+    details = [info.detail for name, info in model.kernels.items() if "depthwise" in name]
+    assert details and all("depthwise convolution" in d for d in details), model.kernels
 
 
 def test_html_and_json(bert_report, tmp_path):

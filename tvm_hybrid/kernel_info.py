@@ -197,6 +197,11 @@ def template_hint(func: tirx.PrimFunc, target) -> str:
         if names:
             return ("a reduction that is not a GEMM: the generic schedule; try tvm-hybrid "
                     "tune --others metaschedule")
+        blocks = " ".join(sch.get(b).name_hint.lower()
+                          for b in sch.get_child_blocks(sch.get_sblock("root")))
+        if "depthwise" in blocks:
+            return ("a depthwise convolution: its taps unrolled, vectorised along the channels "
+                    "by the fallback rule")
         return "elementwise or data movement: memory-bound, no template needed"
     for gemm in gemms:
         shape = f"{gemm.shape.m}x{gemm.shape.n}x{gemm.shape.k}"
