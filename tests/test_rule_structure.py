@@ -94,6 +94,17 @@ def channel_shuffle(A: T.Buffer((256, 4, 16), "float32"), C: T.Buffer((256, 64),
             C[v_i, v_j] = A[v_i, v_j % 4, v_j // 4]
 
 
+@T.prim_func(s_tir=True)
+def reshape_copy(A: T.Buffer((256, 4, 16), "float32"), C: T.Buffer((256, 64), "float32")):
+    T.func_attr({"tirx.noalias": True})
+    for i, j in T.grid(256, 64):
+        with T.sblock("C"):
+            v_i, v_j = T.axis.remap("SS", [i, j])
+            T.reads(A[v_i, v_j // 16, v_j % 16])
+            T.writes(C[v_i, v_j])
+            C[v_i, v_j] = A[v_i, v_j // 16, v_j % 16]
+
+
 # A transposing copy: parallel rows (256 >= 64 iterations, no more loops fused), the 64
 # channels in 4 unrolled chunks of 16, not vectorised (that would gather lane by lane).
 @T.prim_func(s_tir=True)
@@ -238,6 +249,8 @@ def test_parallel_vectorize_unrolls_a_transposing_copy():
     c = tvm.runtime.tensor(np.zeros((256, 64), "float32"))
     lib["main"](tvm.runtime.tensor(a), c)
     np.testing.assert_array_equal(c.numpy(), a.transpose(0, 2, 1).reshape(256, 64))
+    # A reshape's index arithmetic is no transposition: its row-major address is j itself.
+    assert "T.vectorized(8)" in ParallelVectorize().apply(reshape_copy, HASWELL, False).mod.script()
 
 
 def test_gemm_template_structure():

@@ -32,7 +32,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import SBlockInfo, get_sblock_info, normalize_prim_func
 from tvm.s_tir.dlight.base import ScheduleRule
-from tvm.sym import detect_linear_equation
+from tvm.sym import Analyzer, detect_linear_equation
 from tvm.target import Target
 
 from ..errors import first_line
@@ -355,7 +355,7 @@ def _schedule_spatial(sch, block, target: Target) -> None:
     lanes = vector_lanes(target, out.dtype)
     last = stmt.iter_vars[-1].var
     if inner_ext is not None and not (_last_index_is(stmt.body, out, last)
-                                      and _reads_follow(stmt.body, last)):
+                                      and _reads_follow(stmt, last)):
         _schedule_transposing(sch, block, loops, inner_ext, max(_UNROLL_CHUNK, lanes))
         return
     worth = _worth_parallel(sch, loops)
@@ -371,21 +371,29 @@ def _schedule_spatial(sch, block, target: Target) -> None:
         sch.vectorize(vec)
 
 
-def _reads_follow(store, var) -> bool:
-    """Whether every load in ``store``'s value walks ``var`` in its contiguous (last) index
-    with stride 1, or not at all: vector loads, not gathers, when ``var`` is vectorised."""
+def _reads_follow(block, var) -> bool:
+    """Whether every load in ``block``'s value walks memory with stride 1 or 0 as ``var``
+    advances: vector loads, not gathers, when ``var`` is vectorised. The row-major address
+    is simplified within the block's iteration domain (a reshape's ``c // 32`` is 0 for
+    ``c`` below 32)."""
+    analyzer = Analyzer()
+    for iv in block.iter_vars:
+        analyzer.bind(iv.var, iv.dom)
     ok = True
 
     def on_load(node) -> None:
         nonlocal ok
-        for position, index in enumerate(node.indices):
-            linear = list(detect_linear_equation(index, [var]))
-            if not linear or not isinstance(linear[0], prim.IntImm):
-                ok = False
-                return
-            stride = int(linear[0].value)
-            ok &= stride == 0 or (stride == 1 and position == len(node.indices) - 1)
+        address = None  # row-major: a reshape's (c // 68) * 68 + c % 68 is c
+        for index, extent in zip(node.indices, node.source.shape):
+            address = index if address is None else address * extent + index
+        if address is None:  # a scalar
+            return
+        linear = list(detect_linear_equation(analyzer.simplify(address), [var]))
+        ok &= bool(linear) and isinstance(linear[0], prim.IntImm) and linear[0].value in (0, 1)
 
+    store = block.body
+    if not isinstance(store, tirx.BufferStore):
+        return False
     tvm_ffi.structural_walk(store.value, [(ir_expr.TensorLoad, on_load)])
     return ok
 
