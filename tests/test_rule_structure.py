@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import tvm
+from tvm import te
 from tvm.script import tirx as T
 
 import tvm_hybrid
@@ -92,17 +93,6 @@ def channel_shuffle(A: T.Buffer((256, 4, 16), "float32"), C: T.Buffer((256, 64),
             T.reads(A[v_i, v_j % 4, v_j // 4])
             T.writes(C[v_i, v_j])
             C[v_i, v_j] = A[v_i, v_j % 4, v_j // 4]
-
-
-@T.prim_func(s_tir=True)
-def reshape_copy(A: T.Buffer((256, 4, 16), "float32"), C: T.Buffer((256, 64), "float32")):
-    T.func_attr({"tirx.noalias": True})
-    for i, j in T.grid(256, 64):
-        with T.sblock("C"):
-            v_i, v_j = T.axis.remap("SS", [i, j])
-            T.reads(A[v_i, v_j // 16, v_j % 16])
-            T.writes(C[v_i, v_j])
-            C[v_i, v_j] = A[v_i, v_j // 16, v_j % 16]
 
 
 # A transposing copy: parallel rows (256 >= 64 iterations, no more loops fused), the 64
@@ -250,7 +240,9 @@ def test_parallel_vectorize_unrolls_a_transposing_copy():
     lib["main"](tvm.runtime.tensor(a), c)
     np.testing.assert_array_equal(c.numpy(), a.transpose(0, 2, 1).reshape(256, 64))
     # A reshape's index arithmetic is no transposition: its row-major address is j itself.
-    assert "T.vectorized(8)" in ParallelVectorize().apply(reshape_copy, HASWELL, False).mod.script()
+    a = te.placeholder((256, 4, 16), name="A")
+    reshape = te.create_prim_func([a, te.compute((256, 64), lambda i, j: a[i, j // 16, j % 16])])
+    assert "T.vectorized(8)" in ParallelVectorize().apply(reshape, HASWELL, False).mod.script()
 
 
 def test_gemm_template_structure():
