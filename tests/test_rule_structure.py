@@ -226,6 +226,13 @@ def direct_conv_scheduled(X: T.Buffer((1, 4, 10, 8), "float32"), W: T.Buffer((1,
 def test_parallel_vectorize_structure():
     _same(ParallelVectorize().apply(elementwise, HASWELL, False), elementwise_scheduled)
     _same(ParallelVectorize().apply(relu_3d, HASWELL, False), relu_3d_scheduled)
+    # A loop of unknown extent (a dynamic batch, maybe 1) does not count towards the 256
+    # parallel iterations: all three loops fuse, as before there was a grain.
+    n = tvm.tirx.Var("n", "int64")
+    a = te.placeholder((n, *(tvm.tirx.const(d, "int64") for d in (64, 256))), name="A")
+    dynamic = te.create_prim_func([a, te.compute(a.shape, lambda *i: a(*i) * 2.0)])
+    script = ParallelVectorize().apply(dynamic, HASWELL, False).mod.script()
+    assert "T.parallel(n * T.int64(2048))" in script, script
 
 
 def test_parallel_vectorize_unrolls_a_transposing_copy():

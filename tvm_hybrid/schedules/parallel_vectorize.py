@@ -421,8 +421,9 @@ def _schedule_transposing(sch, block, loops, inner_ext: int, chunk: int) -> None
 
 
 def _parallel_leading(sch, loops, worth: bool) -> None:
-    """The leading ``loops`` fused until they give :data:`_PARALLEL_GRAIN` iterations, and
-    parallel if ``worth`` it; the loops after them stay serial inside.
+    """The leading ``loops`` fused until they give :data:`_PARALLEL_GRAIN` iterations (a loop
+    of unknown extent counts as one), and parallel if ``worth`` it; the loops after them stay
+    serial inside.
 
     Fusing every loop would rebuild each index from one counter by division and modulo in
     the innermost loop: a max pooling and a depthwise convolution of ShuffleNet ran 1.7-1.9x
@@ -430,7 +431,7 @@ def _parallel_leading(sch, loops, worth: bool) -> None:
     """
     count, extent = 0, 1
     while count < len(loops) and extent < _PARALLEL_GRAIN:
-        extent *= _const_extent(sch, loops[count]) or _PARALLEL_GRAIN
+        extent *= _const_extent(sch, loops[count]) or 1  # a dynamic batch may be 1
         count += 1
     if count and worth:
         sch.parallel(sch.fuse(*loops[:count]) if count > 1 else loops[0])
