@@ -95,7 +95,7 @@ def channel_shuffle(A: T.Buffer((256, 4, 16), "float32"), C: T.Buffer((256, 64),
             C[v_i, v_j] = A[v_i, v_j % 4, v_j // 4]
 
 
-# A transposing copy: parallel rows (256 >= 64 iterations, no more loops fused), the 64
+# A transposing copy: parallel rows (256 iterations, the grain: no more loops fused), the 64
 # channels in 4 unrolled chunks of 16, not vectorised (that would gather lane by lane).
 @T.prim_func(s_tir=True)
 def channel_shuffle_scheduled(A: T.Buffer((256, 4, 16), "float32"), C: T.Buffer((256, 64), "float32")):
