@@ -175,6 +175,7 @@ def _has_mul(expr) -> bool:
 def template_hint(func: tirx.PrimFunc, target) -> str:
     """Why the expert template did not take ``func`` (unscheduled), in a user's words."""
     from .microkernels import microkernels_for
+    from .passes.conv_computes import DEPTHWISE_BLOCK
     from .schedules.accumulate import reduction_blocks
     from .schedules.gemm.template import candidate_kernels, prepare
 
@@ -197,9 +198,8 @@ def template_hint(func: tirx.PrimFunc, target) -> str:
         if names:
             return ("a reduction that is not a GEMM: the generic schedule; try tvm-hybrid "
                     "tune --others metaschedule")
-        blocks = " ".join(sch.get(b).name_hint.lower()
-                          for b in sch.get_child_blocks(sch.get_sblock("root")))
-        if "depthwise" in blocks:
+        blocks = {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))}
+        if DEPTHWISE_BLOCK in blocks:
             return ("a depthwise convolution: its taps unrolled, vectorised along the channels "
                     "by the fallback rule")
         return "elementwise or data movement: memory-bound, no template needed"

@@ -23,6 +23,8 @@ IM2COL_ARGS = "hybrid.im2col_args"
 DIRECT_CONV = "hybrid_direct_conv"
 COL2IM = "hybrid_col2im"
 DEPTHWISE = "hybrid_depthwise_conv"
+#: The block a :func:`depthwise_conv` computes in (the profile report names its kernel by it).
+DEPTHWISE_BLOCK = "depthwise"
 #: TVM's OpPatternKind kOutEWiseFusable (what the hand-written im2col declares itself).
 OUT_ELEMWISE_FUSABLE = 4
 
@@ -227,4 +229,4 @@ def depthwise_conv(x: te.Tensor, weight: te.Tensor, strides: tuple[int, int],
                 total = total + tap * weight[ky, kx, c]
         return total
 
-    return te.compute((int(x.shape[0]), *out_hw, int(x.shape[3])), value, name="depthwise")
+    return te.compute((int(x.shape[0]), *out_hw, int(x.shape[3])), value, name=DEPTHWISE_BLOCK)
