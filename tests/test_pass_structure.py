@@ -77,6 +77,31 @@ def test_sink_reshapes_past_an_integer_gemms_conversion():
 
     _same(passes.SinkReshapes()(_function([x], before)), _function([x], expected))
 
+def test_sink_reshapes_past_a_quantized_layers_long_epilogue():
+    """A QDQ layer's epilogue is a long chain (quantize-dequantize, BatchNorm, again, then the
+    activation): the reshape still moves below all of it, however far the GEMM is."""
+    x = _tensor("x", (36, 24))
+    steps = [(relax.op.divide, 0.5), (relax.op.round, None), (relax.op.maximum, -128.0),
+             (relax.op.minimum, 127.0), (relax.op.multiply, 0.5)] * 5
+
+    def chain(bb, y):
+        for op, c in steps:
+            y = bb.emit(op(y) if c is None else op(y, relax.const(c, "float32")))
+        return y
+
+    def before(bb, x):
+        y = bb.emit(relax.op.matmul(x, relax.const(W)))
+        y = chain(bb, bb.emit(relax.op.reshape(y, (1, 6, 6, 16))))
+        return relax.op.nn.relu(y)
+
+    def expected(bb, x):
+        y = chain(bb, bb.emit(relax.op.matmul(x, relax.const(W))))
+        return relax.op.reshape(bb.emit(relax.op.nn.relu(y)), (1, 6, 6, 16))
+
+    assert len(steps) > 16
+    _same(passes.SinkReshapes()(_function([x], before)), _function([x], expected))
+
+
 def test_fold_scales_into_weights():
     scale = RNG.standard_normal(16).astype("float32")
     x = _tensor("x", (36, 24))
