@@ -44,7 +44,8 @@ BINARY = frozenset({"relax.add", "relax.subtract", "relax.multiply", "relax.divi
 #: How far back through moved elementwise ops a reshape's source is traced to its GEMM. A
 #: quantized layer's epilogue (dequantize, BatchNorm, quantize-dequantize, HardSwish and its
 #: quantize-dequantize) is about 25 ops; 16 left the reshape of a QDQ PP-LCNet's HardSwish in
-#: place, one op short, and each HardSwish became a kernel of its own.
+#: place, one op short, so the HardSwish ran in the padding kernel after the GEMM, not in its
+#: epilogue. The walk is memoised, so the depth costs nothing where chains are short.
 _MAX_DEPTH = 64
 
 
