@@ -77,6 +77,7 @@ def test_sink_reshapes_past_an_integer_gemms_conversion():
 
     _same(passes.SinkReshapes()(_function([x], before)), _function([x], expected))
 
+
 def test_sink_reshapes_past_a_quantized_layers_long_epilogue():
     """A QDQ layer's epilogue is a long chain (quantize-dequantize, BatchNorm, again, then the
     activation): the reshape still moves below all of it, however far the GEMM is."""
