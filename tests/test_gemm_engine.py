@@ -22,10 +22,12 @@ from tvm_hybrid.microkernels import microkernels_for
 from tvm_hybrid.microkernels.families import fma
 from tvm_hybrid.passes.packed_gemm import pack_weight
 from tvm_hybrid.schedules.gemm.heuristics import (
+    GemmKnobs,
     GemmShape,
     choose_blocks,
     choose_kernel,
     choose_knobs,
+    k_block_size,
     l1_aliased,
     panel_width,
     select,
@@ -249,6 +251,95 @@ def test_tiles_whose_rows_alias_in_l1_rank_last():
             choose_kernel(shape, kernels).mr) == (7, 7)
     assert choose_kernel(GemmShape(1, 384, 768, 3072), kernels).mr == 8
     assert choose_kernel(GemmShape(1, 196, 256, 512), kernels).mr == 14
+
+
+# --- K blocks ----------------------------------------------------------------------------------
+
+_ZEN3 = CacheSizes(l1d=32 * 1024, l2=512 * 1024, l3=32 << 20)
+_HASWELL = tvm_hybrid.make_target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
+
+
+def _avx2_tile(mr: int, nr: int):
+    return next(k for k in fma.AVX2.kernels if (k.mr, k.nr) == (mr, nr))
+
+
+def test_k_block_size():
+    """1 KiB of a row of A per K block: 256 fp32 (or the largest divisor of K down to 128),
+    1024 u8; none when K is one block already or has no such divisor."""
+    tile = _avx2_tile(4, 24)
+    assert k_block_size(GemmShape(1, 52, 528, 4608), tile) == 256
+    assert k_block_size(GemmShape(1, 52, 528, 1152), tile) == 192
+    assert k_block_size(GemmShape(1, 52, 528, 256), tile) == 0
+    assert k_block_size(GemmShape(1, 52, 528, 4099), tile) == 0  # prime
+    u8 = microkernels_for(_HASWELL, "uint8")[0]
+    assert k_block_size(GemmShape(1, 52, 528, 8192), u8) == 1024
+    assert k_block_size(GemmShape(1, 52, 528, 4608), u8) == 768
+
+
+def test_k_blocks_where_one_block_then_covers_m():
+    """ResNet-50's last 3x3 convolution (49 pixels padded to 52, 4608 x 512 weights) on a Zen 3:
+    with the whole K a block holds one row tile (its A rows and a B panel must fit half of L2),
+    so each of the 13 row tiles reads all 9.4 MB of weights; with K blocks of 256 one block
+    holds all 52 rows. A 196-row GEMM whose K-blocked blocks would still be 28 rows keeps the
+    whole K, so does one whose whole-K block already holds every row, and so do weights under
+    four L2s (a DenseNet 1x1 convolution's 184 KB: read from cache on every pass anyway)."""
+    tile = _avx2_tile(4, 24)
+    long_k = GemmShape(1, 52, 528, 4608)
+    assert choose_blocks(long_k, tile, _ZEN3, threads=2)[0] == 1
+    knobs = choose_knobs(long_k, [tile], _ZEN3, 2)
+    assert (knobs.k_block, knobs.m_block * tile.mr) == (256, 52), knobs
+    assert "K blocks of 256" in knobs.describe() and knobs.as_dict()["k_block"] == 256
+    assert choose_knobs(GemmShape(1, 196, 264, 2304), [tile], _ZEN3, 2).k_block == 0
+    assert choose_knobs(GemmShape(1, 52, 528, 512), [tile], _ZEN3, 2).k_block == 0
+    assert choose_knobs(GemmShape(1, 196, 144, 320), [tile], _ZEN3, 2).k_block == 0
+
+
+@pytest.mark.requires("avx2", "fma")
+@pytest.mark.parametrize("order", ["nm", "mn"])
+def test_k_blocked_template_matches_numpy(order, rng):
+    """The template with K blocks given as knobs, both tile orders (the accumulator is a
+    column, or a row, of tiles), on Haswell code run here."""
+    from tvm import te
+
+    from tvm_hybrid.schedules import GemmTemplate
+    from tvm_hybrid.schedules.template import apply_template
+
+    a, b = te.placeholder((24, 512), name="A"), te.placeholder((512, 48), name="B")
+    r = te.reduce_axis((0, 512), name="k")
+    c = te.compute((24, 48), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
+    func = te.create_prim_func([a, b, c])
+    knobs = GemmKnobs(_avx2_tile(4, 24), 3, 2, order, 128)
+    sch, _ = apply_template(GemmTemplate(), func, _HASWELL, knobs=[knobs])
+    assert "K blocks of 128" in sch.mod.script()
+    lib = tvm.compile(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}),
+                      target=_HASWELL)
+    x = rng.standard_normal((24, 512)).astype("float32")
+    w = rng.standard_normal((512, 48)).astype("float32")
+    out = tvm.runtime.tensor(np.zeros((24, 48), "float32"))
+    lib["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w), out)
+    _close(out.numpy(), x.astype("float64") @ w)
+
+
+@pytest.mark.requires("avx2", "fma")
+def test_k_blocked_linear_relu_matches_numpy(monkeypatch, rng):
+    """Prepacked weights (184 columns padded to 192) with bias and ReLU in the write-back, K
+    blocks chosen by the heuristic: caches set small (128 KiB of L2) so that a 24 x 1024
+    activation and 0.7 MB of weights take them."""
+    monkeypatch.setattr("tvm_hybrid.schedules.gemm.template.cache_sizes",
+                        lambda: CacheSizes(l1d=32 * 1024, l2=128 * 1024, l3=8 << 20))
+    m, n, k = 24, 184, 1024
+    w = rng.standard_normal((k, n)).astype("float32")
+    b = rng.standard_normal(n).astype("float32")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
+             helper.make_node("Add", ["h", "b"], ["hb"]),
+             helper.make_node("Relu", ["hb"], ["y"])]
+    proto = _model(nodes, [_value("x", (m, k))], [_value("y", (m, n))],
+                   [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    model = tvm_hybrid.compile(proto, _HASWELL)
+    assert any("K blocks of 256" in info.detail for info in model.kernels.values()), \
+        [info.detail for info in model.kernels.values()]
+    x = rng.standard_normal((m, k)).astype("float32")
+    _close(model(x), np.maximum(x.astype("float64") @ w + b, 0))
 
 
 # --- fusion and prepacking ---------------------------------------------------------------------

@@ -13,7 +13,7 @@ import tvm
 
 import tvm_hybrid
 from tvm_hybrid.bench import workloads
-from tvm_hybrid.host import host_features, make_target
+from tvm_hybrid.host import CacheSizes, host_features, make_target
 from tvm_hybrid.microkernels import (
     ensure_tensor_intrin,
     family_of,
@@ -253,6 +253,42 @@ def test_avx2_s16_kernel_is_exact(m, n, k, activations, zp, wzp, weight_range):
         data = np.full((m, k), fill, activations)
         filled = workloads.Workload(wl.name, wl.model, {"a": data}, wl.flops)
         np.testing.assert_array_equal(model(data), workloads.matmul_integer_reference(filled))
+
+
+@pytest.mark.requires("avx2")
+@pytest.mark.parametrize("k, weight_range, isa, k_block", [
+    (2048, (-128, 128), "avx2_s16", 512),     # 8-bit weights: the s16 kernel, 512 per K block
+    (4096, (-64, 65), "avx2_maddubs", 1024),  # bounded weights: vpmaddubsw, 1024 per K block
+])
+def test_k_blocked_integer_gemm_is_bit_exact(k, weight_range, isa, k_block, monkeypatch):
+    """K blocks (caches set small, 128 KiB of L2, so that a 48-row GEMM takes them) keep the
+    integer GEMM bit-exact: Haswell code run here, extremes included."""
+    monkeypatch.setattr("tvm_hybrid.schedules.gemm.template.cache_sizes",
+                        lambda: CacheSizes(l1d=32 * 1024, l2=128 * 1024, l3=8 << 20))
+    target = make_target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
+    wl = workloads.matmul_integer(48, 184, k, activations="uint8", zero_point=3,
+                                  weight_range=weight_range)
+    model = tvm_hybrid.compile(wl.model, target)
+    notes = _template_notes(model)
+    assert notes and all(n.startswith(isa) and f"K blocks of {k_block}" in n for n in notes), notes
+    np.testing.assert_array_equal(model(**wl.inputs), workloads.matmul_integer_reference(wl))
+    for fill in (0, 255):
+        data = np.full((48, k), fill, np.uint8)
+        filled = workloads.Workload(wl.name, wl.model, {"a": data}, wl.flops)
+        np.testing.assert_array_equal(model(data), workloads.matmul_integer_reference(filled))
+
+
+def test_k_blocked_vnni_gemm_compiles(monkeypatch):
+    """The VNNI family takes K blocks too (Zen 4 code, compiled and read here)."""
+    monkeypatch.setattr("tvm_hybrid.schedules.gemm.template.cache_sizes",
+                        lambda: CacheSizes(l1d=32 * 1024, l2=128 * 1024, l3=8 << 20))
+    target = make_target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+    wl = workloads.matmul_integer(24, 88, 8192, activations="uint8", zero_point=3)
+    model = tvm_hybrid.compile(wl.model, target)
+    notes = _template_notes(model)
+    assert notes and all(n.startswith("avx512_vnni") and "K blocks of 1024" in n
+                         for n in notes), notes
+    assert "vpdpbusd" in model.inspect_source("asm")
 
 
 @pytest.mark.requires("avxvnni")

@@ -2,8 +2,9 @@
 
 Per GEMM the knobs are the microkernel (any tail-free register tile of the target's kernels,
 the :data:`MAX_KERNELS` best by the heuristic's ranking), the block sizes in tiles (divisors of
-the tile counts; they also set how many parallel blocks the threads share) and the tile loop
-order. Everything else about the schedule (the microkernel's code, the epilogue placement,
+the tile counts; they also set how many parallel blocks the threads share), the tile loop
+order and the ``K`` split (the whole ``K``, or blocks of the heuristic's size where ``K`` has
+one). Everything else about the schedule (the microkernel's code, the epilogue placement,
 vectorisation) is fixed by the template.
 """
 
@@ -14,7 +15,15 @@ import random
 from ...host import cache_sizes
 from ...microkernels import Microkernel
 from ..template import adjacent
-from .heuristics import GemmKnobs, GemmShape, choose_blocks, choose_kernel, divisors
+from .heuristics import (
+    GemmKnobs,
+    GemmShape,
+    choose_blocks,
+    choose_k_blocks,
+    choose_kernel,
+    divisors,
+    k_block_size,
+)
 
 ORDERS = ("nm", "mn")
 
@@ -36,7 +45,11 @@ def ranked_kernels(shape: GemmShape, fitting: list[Microkernel]) -> list[Microke
 
 def default_knobs(shape: GemmShape, kernel: Microkernel, threads: int,
                   order: str = "nm") -> GemmKnobs:
-    """``kernel`` with the heuristic's blocks for it."""
+    """``kernel`` with the heuristic's blocks (and ``K`` split) for it."""
+    split = choose_k_blocks(shape, kernel, cache_sizes(), threads)
+    if split is not None:
+        k_block, m_block, n_block = split
+        return GemmKnobs(kernel, m_block, n_block, order, k_block)
     m_block, n_block = choose_blocks(shape, kernel, cache_sizes(), threads)
     return GemmKnobs(kernel, m_block, n_block, order)
 
@@ -49,15 +62,19 @@ def variants(shape: GemmShape, kernels: list[Microkernel], threads: int) -> list
 def neighbours(shape: GemmShape, knobs: GemmKnobs, kernels: list[Microkernel],
                threads: int) -> list[GemmKnobs]:
     """Moves: a block size to the next smaller or larger divisor (each dimension, then both),
-    the other loop order, another microkernel with its heuristic blocks."""
-    kernel = knobs.kernel
+    the other loop order, the other ``K`` split, another microkernel with its heuristic
+    blocks."""
+    kernel, order, k_block = knobs.kernel, knobs.order, knobs.k_block
     m_moves = adjacent(divisors(shape.m // kernel.mr), knobs.m_block)
     n_moves = adjacent(divisors(shape.n // kernel.nr), knobs.n_block)
-    out = [GemmKnobs(kernel, m, knobs.n_block, knobs.order) for m in m_moves]
-    out += [GemmKnobs(kernel, knobs.m_block, n, knobs.order) for n in n_moves]
-    out += [GemmKnobs(kernel, m, n, knobs.order) for m in m_moves for n in n_moves]
-    other = ORDERS[1 - ORDERS.index(knobs.order)]
-    out.append(GemmKnobs(kernel, knobs.m_block, knobs.n_block, other))
+    out = [GemmKnobs(kernel, m, knobs.n_block, order, k_block) for m in m_moves]
+    out += [GemmKnobs(kernel, knobs.m_block, n, order, k_block) for n in n_moves]
+    out += [GemmKnobs(kernel, m, n, order, k_block) for m in m_moves for n in n_moves]
+    other = ORDERS[1 - ORDERS.index(order)]
+    out.append(GemmKnobs(kernel, knobs.m_block, knobs.n_block, other, k_block))
+    if k_block or k_block_size(shape, kernel):
+        out.append(GemmKnobs(kernel, knobs.m_block, knobs.n_block, order,
+                             0 if k_block else k_block_size(shape, kernel)))
     out += [default_knobs(shape, k, threads, knobs.order) for k in kernels if k != kernel]
     return out
 
@@ -66,10 +83,18 @@ def random_knobs(shape: GemmShape, kernels: list[Microkernel], rng: random.Rando
     """Knobs drawn uniformly per knob."""
     kernel = rng.choice(kernels)
     return GemmKnobs(kernel, rng.choice(divisors(shape.m // kernel.mr)),
-                     rng.choice(divisors(shape.n // kernel.nr)), rng.choice(ORDERS))
+                     rng.choice(divisors(shape.n // kernel.nr)), rng.choice(ORDERS),
+                     rng.choice(_k_splits(shape, kernel)))
 
 
 def size(shape: GemmShape, kernels: list[Microkernel]) -> int:
     """Number of distinct knob sets."""
     return sum(len(divisors(shape.m // k.mr)) * len(divisors(shape.n // k.nr))
-               for k in kernels) * len(ORDERS)
+               * len(_k_splits(shape, k)) for k in kernels) * len(ORDERS)
+
+
+def _k_splits(shape: GemmShape, kernel: Microkernel) -> list[int]:
+    """The ``k_block`` values of ``kernel`` for ``shape``: 0 (whole ``K``) and the heuristic's
+    block size where ``K`` has one."""
+    k_block = k_block_size(shape, kernel)
+    return [0, k_block] if k_block else [0]

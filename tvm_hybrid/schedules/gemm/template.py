@@ -10,6 +10,18 @@ nest is::
           acc += A[m_tile, :] @ B[:, n_tile]      # tensorized microkernel, whole K
           C[m_tile, n_tile] = epilogue(acc)       # bias, activation, residual... while hot
 
+With ``K`` blocks (``knobs.k_block``, rule 3 of ``heuristics.py``) the reduction is split
+and its outer loop goes between the two tile loops; the accumulator then holds the block's
+column of tiles (order ``nm``; its row with ``mn``) in L1 between ``K`` blocks::
+
+    parallel for (b..., m_block, n_block):
+      for n_tile in n_block:
+        acc[m_block * mr, nr] = 0
+        for k_block in K / kc:                    # one kc x nr piece of B, hot in L1
+          for m_tile in m_block:
+            acc[m_tile] += A[m_tile, k_block] @ B[k_block, n_tile]   # microkernel over kc
+        C[:, n_tile] = epilogue(acc)
+
 The block sizes are ``sample_perfect_tile`` decisions (the heuristic's values are passed as the
 decisions, so a tuner can search exactly these knobs); the microkernel comes from the registry
 (``microkernels/``), ranked by ``heuristics.select``. The elementwise consumers FuseOps put in
@@ -99,7 +111,8 @@ class GemmTemplate(Template):
 
     def knobs_from_dict(self, data: dict) -> GemmKnobs:
         return GemmKnobs(microkernel_by_name(data["kernel"]), int(data["m_block"]),
-                         int(data["n_block"]), str(data.get("order", "nm")))
+                         int(data["n_block"]), str(data.get("order", "nm")),
+                         int(data.get("k_block", 0)))
 
 
 def knobs_fit(gemm: GemmBlock, knobs: GemmKnobs) -> bool:
@@ -108,6 +121,9 @@ def knobs_fit(gemm: GemmBlock, knobs: GemmKnobs) -> bool:
     if gemm.packed_nr is not None and kernel.panel_width != gemm.packed_nr:
         return False
     if shape.k % kernel.k_granule or knobs.order not in space.ORDERS:
+        return False
+    if knobs.k_block and (kernel.per_block or knobs.k_block % kernel.k_granule
+                          or shape.k % knobs.k_block or knobs.k_block >= shape.k):
         return False
     return (shape.m % (kernel.mr * knobs.m_block) == 0
             and shape.n % (kernel.nr * knobs.n_block) == 0)
@@ -181,6 +197,9 @@ def tile_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs, sampled: b
     m_outer, m_inner = sch.split(io, m_split)
     n_outer, n_inner = sch.split(jo, n_split)
     tiles = (n_inner, m_inner) if knobs.order == "nm" else (m_inner, n_inner)
+    if knobs.k_block:
+        k_outer, k = sch.split(k, [gemm.shape.k // knobs.k_block, knobs.k_block])
+        tiles = (tiles[0], k_outer, tiles[1])
     sch.reorder(*batch, m_outer, n_outer, *tiles, ii, ji, k)
     return sch.fuse(*batch, m_outer, n_outer, preserve_unit_iters=True)
 
@@ -191,29 +210,38 @@ def finish_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
 
     In two halves for the chain template, which merges the layers' loops in between:
     :func:`attach_gemm_epilogue` then :func:`tensorize_gemm`."""
-    attach_gemm_epilogue(sch, gemm)
+    attach_gemm_epilogue(sch, gemm, knobs.k_block)
     return tensorize_gemm(sch, gemm, knobs)
 
 
-def attach_gemm_epilogue(sch: s_tir.Schedule, gemm: GemmBlock) -> None:
+def attach_gemm_epilogue(sch: s_tir.Schedule, gemm: GemmBlock, k_block: int = 0) -> None:
     """A register-tile accumulator with the epilogue in its write-back (loops above still
-    parallelisable)."""
-    tile = sch.get_loops(gemm.block)[2]
+    parallelisable); with ``K`` blocks, an accumulator of the outer tile loop's iteration (a
+    column or row of tiles), written back after the last ``K`` block."""
+    tile = sch.get_loops(gemm.block)[1 if k_block else 2]
     attach_accumulator(sch, gemm.block, tile)
 
 
 def tensorize_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
-    """Zero the accumulators and put the microkernel in; return the tile loop."""
+    """Zero the accumulators and put the microkernel in; return the loop holding the
+    accumulator and its write-back (the tile loop; with ``K`` blocks, the outer tile loop)."""
     kernel = knobs.kernel
-    _blocks, _outer_tiles, tile, ii, *_rest = sch.get_loops(gemm.block)
-    decompose_accumulator(sch, gemm.block, tile, ii, kernel.lanes)
-    sch.tensorize(ii, tensor_intrin(kernel, gemm.shape.k))
+    if knobs.k_block:
+        _blocks, tile, k_outer, _tiles, ii, *_rest = sch.get_loops(gemm.block)
+        decompose_accumulator(sch, gemm.block, tile, k_outer, kernel.lanes)
+        sch.tensorize(ii, tensor_intrin(kernel, knobs.k_block))
+        blocked = f", K blocks of {knobs.k_block}"
+    else:
+        _blocks, _outer_tiles, tile, ii, *_rest = sch.get_loops(gemm.block)
+        decompose_accumulator(sch, gemm.block, tile, ii, kernel.lanes)
+        sch.tensorize(ii, tensor_intrin(kernel, gemm.shape.k))
+        blocked = ""
     # Visible in the scheduled TIR (CompiledModel.lowered), for users and tests. The block
     # sizes are left out: they are decisions a tuner may change after this string is written
     # (they show as the loop extents).
     sch.annotate(tile, TEMPLATE_ANNOTATION,
                  f"{kernel.isa} {kernel.mr}x{kernel.nr} microkernel, order {knobs.order}, "
-                 f"K={gemm.shape.k}")
+                 f"K={gemm.shape.k}{blocked}")
     return tile
 
 
