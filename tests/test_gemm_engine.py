@@ -294,6 +294,27 @@ def test_k_blocks_where_one_block_then_covers_m():
     assert choose_knobs(GemmShape(1, 196, 144, 320), [tile], _ZEN3, 2).k_block == 0
 
 
+def test_k_split_is_a_tuning_knob():
+    """The tuner moves between the whole K and the heuristic's K blocks, counts both in the
+    space, and reads records written before the knob existed as the whole K."""
+    from tvm_hybrid.schedules import GemmTemplate
+    from tvm_hybrid.schedules.gemm import space
+
+    tile = _avx2_tile(4, 24)
+    shape = GemmShape(1, 52, 528, 4608)
+    blocked, whole = GemmKnobs(tile, 13, 11, "nm", 256), GemmKnobs(tile, 13, 11, "nm")
+    assert whole in space.neighbours(shape, blocked, [tile], 2)
+    assert blocked in space.neighbours(shape, whole, [tile], 2)
+    # 2 row-block sizes (13 tiles) x 4 column-block sizes (22 tiles) x 2 orders x 2 splits
+    assert space.size(shape, [tile]) == 32
+    assert space.size(GemmShape(1, 52, 528, 4099), [tile]) == 16  # K prime: no split
+    template = GemmTemplate()
+    assert template.knobs_from_dict(blocked.as_dict()) == blocked
+    old_record = {k: v for k, v in blocked.as_dict().items() if k != "k_block"}
+    assert template.knobs_from_dict(old_record) == whole
+    assert blocked.key != whole.key
+
+
 @pytest.mark.requires("avx2", "fma")
 @pytest.mark.parametrize("order", ["nm", "mn"])
 def test_k_blocked_template_matches_numpy(order, rng):
