@@ -168,28 +168,16 @@ def gemm_scheduled(A: T.Buffer((8, 4), "float32"), B: T.Buffer((4, 24), "float32
 
 
 
-@T.prim_func(s_tir=True)
-def gemm_long_k(A: T.Buffer((8, 16), "float32"), B: T.Buffer((16, 24), "float32"), C: T.Buffer((8, 24), "float32")):
-    T.func_attr({"tirx.noalias": True})
-    for i, j, k in T.grid(8, 24, 16):
-        with T.sblock("C"):
-            v_i, v_j, v_k = T.axis.remap("SSR", [i, j, k])
-            T.reads(A[v_i, v_k], B[v_k, v_j])
-            T.writes(C[v_i, v_j])
-            with T.init():
-                C[v_i, v_j] = T.float32(0.0)
-            C[v_i, v_j] = C[v_i, v_j] + A[v_i, v_k] * B[v_k, v_j]
 
-
-# K blocks of 8 (knobs given: 4x24 tiles, one block of both row tiles): the accumulator holds
-# the block's column of tiles, zeroed once; the K-block loop runs outside the row tiles, the
-# microkernel over 8 steps of K; the write-back after the last K block.
+# ``gemm`` in K blocks of 2 (knobs given: 4x24 tiles, one block of both row tiles): the
+# accumulator holds the block's column of tiles, zeroed once; the K-block loop runs outside the
+# row tiles, the microkernel over 2 steps of K; the write-back after the last K block.
 @T.prim_func(s_tir=True)
-def gemm_long_k_scheduled(A: T.Buffer((8, 16), "float32"), B: T.Buffer((16, 24), "float32"), C: T.Buffer((8, 24), "float32")):
+def gemm_k_blocks_scheduled(A: T.Buffer((8, 4), "float32"), B: T.Buffer((4, 24), "float32"), C: T.Buffer((8, 24), "float32")):
     T.func_attr({"tirx.noalias": True})
     C_local = T.sblock_alloc_buffer((8, 24), scope="local")
     for _blocks in T.parallel(1):
-        for j_0_1 in T.serial(1, annotations={"hybrid.gemm_template": "avx2 4x24 microkernel, order nm, K=16, K blocks of 8"}):
+        for j_0_1 in T.serial(1, annotations={"hybrid.gemm_template": "avx2 4x24 microkernel, order nm, K=4, K blocks of 2"}):
             for i_0_1_init, i_1_init in T.grid(2, 4):
                 for j_1_init in T.vectorized(24):
                     with T.sblock("C_init"):
@@ -201,12 +189,12 @@ def gemm_long_k_scheduled(A: T.Buffer((8, 16), "float32"), B: T.Buffer((16, 24),
             for k_0, i_0_1 in T.grid(2, 2):
                 with T.sblock("C_update_o"):
                     v_i_o, v_j_o, v_k_o = T.axis.remap("SSR", [i_0_1, j_0_1, k_0])
-                    T.reads(C_local[v_i_o * 4:v_i_o * 4 + 4, 0:24], A[v_i_o * 4:v_i_o * 4 + 4, v_k_o * 8:v_k_o * 8 + 8], B[v_k_o * 8:v_k_o * 8 + 8, 0:24])
+                    T.reads(C_local[v_i_o * 4:v_i_o * 4 + 4, 0:24], A[v_i_o * 4:v_i_o * 4 + 4, v_k_o * 2:v_k_o * 2 + 2], B[v_k_o * 2:v_k_o * 2 + 2, 0:24])
                     T.writes(C_local[v_i_o * 4:v_i_o * 4 + 4, 0:24])
-                    A_1 = T.match_buffer(A[v_i_o * 4:v_i_o * 4 + 4, v_k_o * 8:v_k_o * 8 + 8], (4, 8), strides=("lda", 1), offset_factor=1)
-                    B_1 = T.match_buffer(B[v_k_o * 8:v_k_o * 8 + 8, 0:24], (8, 24), strides=("ldb", 1), offset_factor=1)
+                    A_1 = T.match_buffer(A[v_i_o * 4:v_i_o * 4 + 4, v_k_o * 2:v_k_o * 2 + 2], (4, 2), strides=("lda", 1), offset_factor=1)
+                    B_1 = T.match_buffer(B[v_k_o * 2:v_k_o * 2 + 2, 0:24], (2, 24), strides=("ldb", 1), offset_factor=1)
                     C_1 = T.match_buffer(C_local[v_i_o * 4:v_i_o * 4 + 4, 0:24], (4, 24), strides=("ldc", 1), scope="local", offset_factor=1)
-                    for kk in range(8):
+                    for kk in range(2):
                         for i in T.unroll(4):
                             for v in T.unroll(3):
                                 C_1[i, v * 8:v * 8 + 8] = C_1[i, T.Ramp(v * 8, 1, 8)] + T.Broadcast(A_1[i, kk], 8) * B_1[kk, T.Ramp(v * 8, 1, 8)]
@@ -217,6 +205,7 @@ def gemm_long_k_scheduled(A: T.Buffer((8, 16), "float32"), B: T.Buffer((16, 24),
                         T.reads(C_local[v0, v1])
                         T.writes(C[v0, v1])
                         C[v0, v1] = C_local[v0, v1]
+
 
 @T.prim_func(s_tir=True)
 def direct_conv(X: T.Buffer((1, 4, 10, 8), "float32"), W: T.Buffer((1, 3, 3, 8, 24), "float32"), direct_conv: T.Buffer((1, 2, 8, 24), "float32")):
@@ -312,9 +301,9 @@ def test_gemm_template_structure():
 
 def test_gemm_template_k_blocks_structure():
     kernel = next(k for k in microkernels_for(HASWELL, "float32") if (k.mr, k.nr) == (4, 24))
-    scheduled, _ = apply_template(GemmTemplate(), gemm_long_k, HASWELL,
-                                  knobs=[GemmKnobs(kernel, 2, 1, "nm", 8)])
-    _same(scheduled, gemm_long_k_scheduled)
+    scheduled, _ = apply_template(GemmTemplate(), gemm, HASWELL,
+                                  knobs=[GemmKnobs(kernel, 2, 1, "nm", 2)])
+    _same(scheduled, gemm_k_blocks_scheduled)
 
 
 def test_direct_convolution_template_structure():
