@@ -351,7 +351,7 @@ def test_k_blocked_template_matches_numpy(order, rng):
 def test_k_blocked_linear_relu_matches_numpy(monkeypatch, rng):
     """Prepacked weights (184 columns padded to 192) with bias and ReLU in the write-back, K
     blocks chosen by the heuristic: caches set small (128 KiB of L2) so that a 24 x 1024
-    activation and 0.7 MB of weights take them."""
+    activation and 0.75 MiB of weights take them."""
     monkeypatch.setattr("tvm_hybrid.schedules.gemm.template.cache_sizes",
                         lambda: CacheSizes(l1d=32 * 1024, l2=128 * 1024, l3=8 << 20))
     m, n, k = 24, 184, 1024
