@@ -272,35 +272,29 @@ def k_block_size(shape: GemmShape, kernel: Microkernel) -> int:
     return 0
 
 
-def choose_k_blocks(shape: GemmShape, kernel: Microkernel, caches: CacheSizes,
-                    threads: int) -> tuple[int, int, int] | None:
-    """``(k_block, m_block, n_block)`` when rule 3 splits ``K``, else None: ``B`` is at least
-    :data:`_K_SPLIT_MIN_L2S` L2s, the whole ``K`` leaves row tiles in separate blocks, and with
-    ``K`` blocks one block covers all of ``M``."""
+def kernel_knobs(shape: GemmShape, kernel: Microkernel, caches: CacheSizes, threads: int,
+                 order: str = "nm") -> GemmKnobs:
+    """``kernel``'s knobs for ``shape``: rule 2's blocks over the whole ``K``, or rule 3's ``K``
+    blocks with their blocks where ``B`` is at least :data:`_K_SPLIT_MIN_L2S` L2s, the
+    whole-``K`` block holds fewer rows than ``M``, and with ``K`` blocks one block holds all of
+    ``M``."""
+    m_block, n_block = choose_blocks(shape, kernel, caches, threads)
     k_block = k_block_size(shape, kernel)
     weight_bytes = shape.k * shape.n * _INPUT_BYTES.get(kernel.in_dtype, 4)
-    if not k_block or weight_bytes < _K_SPLIT_MIN_L2S * caches.l2:
-        return None
-    m_block, _ = choose_blocks(shape, kernel, caches, threads)
-    if m_block * kernel.mr == shape.m:
-        return None
-    m_block, n_block = choose_blocks(dataclasses.replace(shape, k=k_block), kernel, caches,
-                                     threads)
-    return (k_block, m_block, n_block) if m_block * kernel.mr == shape.m else None
+    if (k_block and weight_bytes >= _K_SPLIT_MIN_L2S * caches.l2
+            and m_block * kernel.mr < shape.m):
+        split_m, split_n = choose_blocks(dataclasses.replace(shape, k=k_block), kernel, caches,
+                                         threads)
+        if split_m * kernel.mr == shape.m:
+            return GemmKnobs(kernel, split_m, split_n, order, k_block)
+    return GemmKnobs(kernel, m_block, n_block, order)
 
 
 def choose_knobs(shape: GemmShape, kernels: list[Microkernel], caches: CacheSizes,
                  threads: int) -> GemmKnobs | None:
     """All knobs for ``shape``, or None when no microkernel tiles it without tails."""
     kernel = choose_kernel(shape, kernels)
-    if kernel is None:
-        return None
-    split = choose_k_blocks(shape, kernel, caches, threads)
-    if split is not None:
-        k_block, m_block, n_block = split
-        return GemmKnobs(kernel, m_block, n_block, "nm", k_block)
-    m_block, n_block = choose_blocks(shape, kernel, caches, threads)
-    return GemmKnobs(kernel, m_block, n_block)
+    return None if kernel is None else kernel_knobs(shape, kernel, caches, threads)
 
 
 def divisors(n: int) -> list[int]:

@@ -15,15 +15,7 @@ import random
 from ...host import cache_sizes
 from ...microkernels import Microkernel
 from ..template import adjacent
-from .heuristics import (
-    GemmKnobs,
-    GemmShape,
-    choose_blocks,
-    choose_k_blocks,
-    choose_kernel,
-    divisors,
-    k_block_size,
-)
+from .heuristics import GemmKnobs, GemmShape, choose_kernel, divisors, k_block_size, kernel_knobs
 
 ORDERS = ("nm", "mn")
 
@@ -46,12 +38,7 @@ def ranked_kernels(shape: GemmShape, fitting: list[Microkernel]) -> list[Microke
 def default_knobs(shape: GemmShape, kernel: Microkernel, threads: int,
                   order: str = "nm") -> GemmKnobs:
     """``kernel`` with the heuristic's blocks (and ``K`` split) for it."""
-    split = choose_k_blocks(shape, kernel, cache_sizes(), threads)
-    if split is not None:
-        k_block, m_block, n_block = split
-        return GemmKnobs(kernel, m_block, n_block, order, k_block)
-    m_block, n_block = choose_blocks(shape, kernel, cache_sizes(), threads)
-    return GemmKnobs(kernel, m_block, n_block, order)
+    return kernel_knobs(shape, kernel, cache_sizes(), threads, order)
 
 
 def variants(shape: GemmShape, kernels: list[Microkernel], threads: int) -> list[GemmKnobs]:
@@ -72,9 +59,8 @@ def neighbours(shape: GemmShape, knobs: GemmKnobs, kernels: list[Microkernel],
     out += [GemmKnobs(kernel, m, n, order, k_block) for m in m_moves for n in n_moves]
     other = ORDERS[1 - ORDERS.index(order)]
     out.append(GemmKnobs(kernel, knobs.m_block, knobs.n_block, other, k_block))
-    if k_block or k_block_size(shape, kernel):
-        out.append(GemmKnobs(kernel, knobs.m_block, knobs.n_block, order,
-                             0 if k_block else k_block_size(shape, kernel)))
+    out += [GemmKnobs(kernel, knobs.m_block, knobs.n_block, order, split)
+            for split in _k_splits(shape, kernel) if split != k_block]
     out += [default_knobs(shape, k, threads, knobs.order) for k in kernels if k != kernel]
     return out
 

@@ -226,16 +226,17 @@ def tensorize_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
     """Zero the accumulators and put the microkernel in; return the loop holding the
     accumulator and its write-back (the tile loop; with ``K`` blocks, the outer tile loop)."""
     kernel = knobs.kernel
+    # The accumulator's loop, the loop it is zeroed before, and the microkernel's loop: in
+    # (blocks, tile, k_outer, tiles, ii, ...) with K blocks, (blocks, tiles, tile, ii, ...)
+    # without.
+    loops = sch.get_loops(gemm.block)
     if knobs.k_block:
-        _blocks, tile, k_outer, _tiles, ii, *_rest = sch.get_loops(gemm.block)
-        decompose_accumulator(sch, gemm.block, tile, k_outer, kernel.lanes)
-        sch.tensorize(ii, tensor_intrin(kernel, knobs.k_block))
-        blocked = f", K blocks of {knobs.k_block}"
+        tile, init_at, ii = loops[1], loops[2], loops[4]
     else:
-        _blocks, _outer_tiles, tile, ii, *_rest = sch.get_loops(gemm.block)
-        decompose_accumulator(sch, gemm.block, tile, ii, kernel.lanes)
-        sch.tensorize(ii, tensor_intrin(kernel, gemm.shape.k))
-        blocked = ""
+        tile, init_at, ii = loops[2], loops[3], loops[3]
+    decompose_accumulator(sch, gemm.block, tile, init_at, kernel.lanes)
+    sch.tensorize(ii, tensor_intrin(kernel, knobs.k_block or gemm.shape.k))
+    blocked = f", K blocks of {knobs.k_block}" if knobs.k_block else ""
     # Visible in the scheduled TIR (CompiledModel.lowered), for users and tests. The block
     # sizes are left out: they are decisions a tuner may change after this string is written
     # (they show as the loop extents).
