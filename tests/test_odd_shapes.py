@@ -15,6 +15,7 @@ from tvm import relax
 
 import tvm_hybrid
 from tvm_hybrid.bench import workloads
+from tvm_hybrid.host import CacheSizes
 from tvm_hybrid.passes import PrepackConstantWeights
 from tvm_hybrid.passes.packed_gemm import KERNEL_NAMES, pack_weight, packed_gemm
 from tvm_hybrid.schedules.gemm.heuristics import GemmShape, padded_rows, select
@@ -22,6 +23,7 @@ from tvm_hybrid.testing.relax_modules import relax_function
 
 ZEN5 = tvm_hybrid.make_target({"kind": "llvm", "mcpu": "znver5", "num-cores": 2})
 HASWELL = tvm_hybrid.make_target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
+ZEN3_CACHES = CacheSizes(l1d=32 * 1024, l2=512 * 1024, l3=32 * 1024 * 1024)
 
 
 @pytest.mark.parametrize("target", [ZEN5, HASWELL], ids=["znver5", "haswell"])
@@ -34,8 +36,45 @@ def test_rows_are_padded_only_where_a_thin_tile_would_run(target):
         assert (m + pad) % best.mr == 0 and accumulators >= 8, (m, pad, best.name)
         assert pad < best.mr
     # Tiles that divide M already, a GEMV, or too few columns to pay for the copy: no padding.
-    for m, n in ((7, 768), (1, 768), (192, 768), (256, 768), (197, 16)):
+    for m, n in ((1, 768), (192, 768), (256, 768), (197, 16)):
         assert padded_rows(target, "float32", GemmShape(1, m, n, 333)) == 0, (m, n)
+
+
+def test_few_rows_are_padded_only_for_a_thread_share_of_weights_beyond_l2():
+    """7 and 13 rows on AVX2 (best exact tiles 7x8 and 13x8 or 1x32) pad to 8 and 16 rows
+    where each thread's share of the weights is 0.75 of an L2 or more (fp32); one or two rows
+    never do."""
+    def pad(m, n, k, dtype="float32", caches=ZEN3_CACHES, threads=2):
+        return padded_rows(HASWELL, dtype, GemmShape(1, m, n, k), caches, threads)
+
+    assert pad(7, 3072, 768) == 1 and pad(13, 1024, 1024) == 3 and pad(7, 512, 512) == 1
+    assert pad(7, 384, 384) == 0 and pad(13, 256, 256) == 0  # 0.56 and 0.25 of an L2 a thread
+    # A larger L2 (2 MiB) or more threads: each thread's share fits.
+    big_l2 = CacheSizes(l1d=48 * 1024, l2=2 * 1024 * 1024, l3=300 * 1024 * 1024)
+    assert pad(7, 512, 512, caches=big_l2) == 0 and pad(7, 1024, 1024, threads=16) == 0
+    assert pad(7, 1024, 1024, threads=8) == 1
+    # The threads default to the target's cores.
+    assert padded_rows(HASWELL, "float32", GemmShape(1, 7, 512, 512), ZEN3_CACHES) == 1
+    # A GEMV streams each weight once whatever the tile; integer GEMMs keep their few rows.
+    assert pad(1, 3072, 768) == 0 and pad(7, 3072, 768, "uint8") == 0
+    # A tile that divides M already: nothing to gain.
+    assert pad(8, 3072, 768) == 0 and pad(6, 3072, 768) == 0
+
+
+def test_few_rows_padded_run_and_match():
+    """A batch-7 GEMM with 4 MiB of weights (padded to 8 rows on AVX2 hosts of few cores)
+    against numpy: the tile taken covers the padded rows."""
+    wl = workloads.gemm(7, 1024, 1024)
+    model = tvm_hybrid.compile(wl.model, "host")
+    pad = padded_rows(model.target, "float32", GemmShape(1, 7, 1024, 1024))
+    notes = [m for f in model.lowered.functions.values() if isinstance(f, tvm.tirx.PrimFunc)
+             for m in re.findall(r'"hybrid.gemm_template": "([^"]+)"', f.script())]
+    rows = [int(re.search(r" (\d+)x\d+ microkernel", n).group(1)) for n in notes]
+    assert rows and all((7 + pad) % r == 0 for r in rows), (pad, notes)
+    assert pad == 0 or all(r > 1 and 7 % r for r in rows), (pad, notes)
+    a = wl.inputs["a"]
+    w = numpy_helper.to_array(wl.model.graph.initializer[0])
+    np.testing.assert_allclose(model(a), a @ w, rtol=1e-4, atol=1e-4)
 
 
 def test_padded_gemm_structure():

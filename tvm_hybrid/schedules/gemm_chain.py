@@ -31,10 +31,16 @@ from tvm.target import Target
 
 from ..host import cache_sizes, target_features
 from ..microkernels import Microkernel, has_gemm_kernels, microkernel_by_name
-from ..thread_pool import num_threads
 from .accumulate import is_reduction, reduction_blocks
 from .gemm.analysis import GemmBlock, match_gemm
-from .gemm.heuristics import GemmKnobs, GemmShape, divisors, select, tile_throughput
+from .gemm.heuristics import (
+    GemmKnobs,
+    GemmShape,
+    divisors,
+    select,
+    target_threads,
+    tile_throughput,
+)
 from .gemm.template import attach_gemm_epilogue, candidate_kernels, tensorize_gemm, tile_gemm
 from .parallel_vectorize import inline_free_producers
 from .template import Template, adjacent
@@ -168,7 +174,7 @@ class GemmChainTemplate(Template):
 def chain_variants(shape: ChainShape, target: Target) -> list[ChainKnobs]:
     """The knobs a chain of ``shape`` can take on ``target``, the heuristic's first (empty:
     the template would decline it, so no chain should be formed)."""
-    threads = int(target.attrs.get("num-cores", 0)) or num_threads()
+    threads = target_threads(target)
     out = []
     for rows in row_choices(shape, threads):
         kernels = []

@@ -52,8 +52,9 @@ import math
 
 from tvm.target import Target
 
-from ...host import CacheSizes
+from ...host import CacheSizes, cache_sizes
 from ...microkernels import Microkernel, microkernels_for
+from ...thread_pool import num_threads
 
 # Accumulators needed to hide FMA latency: 2 FMA pipes x 4 cycles.
 _MIN_ACCUMULATORS = 8
@@ -69,10 +70,21 @@ _BLOCK_OVERHEAD = 4.0
 _COMPUTE = 0.05
 # Padding M must gain this much throughput over the best exact tile (it costs a copy of x).
 _PAD_GAIN = 1.25
-# ...and is only worth that copy for this many output columns or more, and this many rows (a
-# few rows stream the weights once whatever the tile: memory-bound, not FMA-bound).
+# ...and is only worth that copy for this many output columns or more.
 _PAD_MIN_N = 32
+# Under this many rows the thin tile's kernel is short: the copy (a kernel of its own, a few
+# microseconds) pays only where each thread's share of the weights (small M: the threads
+# split N) is at least _PAD_FEW_ROWS_MIN_L2S of an L2 (it then streams from L3 or memory, where
+# the thin tile's extra loads cost most). Same-process A/B, padding 7 and 13 rows to 8 and 16
+# on a 2-core Zen 3 (L2 512 KiB): 0.56 of an L2 a thread 0.97x and 0.99x, 1.0 1.06-1.09x, 4-9
+# L2s 1.14-1.58x, 64x64 and 256x256 weights 0.72-0.94x; 9 rows padded to 10 on a 16-core
+# Emerald Rapids (L2 2 MiB), 1024x1024 weights (0.125 of an L2 a thread): 0.73x. One or two
+# rows (a GEMV reads each weight once whatever the tile) are never padded: one row padded to
+# two, 1-9 MiB of weights, measured 0.86-0.90x. Only fp32 GEMMs: QDQ MLPs at batch 7 (s16
+# kernel, 1-2 MiB of weights a layer) measured 0.96-0.98x padded.
 _PAD_MIN_M = 16
+_PAD_FEW_ROWS_MIN_L2S = 0.75
+_PAD_MIN_FEW_ROWS = 3
 #: Bytes of a row of ``A`` per ``K`` block (rule 3): 256 fp32, 512 bf16, 1024 int8. One ``K``
 #: block of a 24- or 32-column ``B`` panel is then 24-32 KiB (fp32), about L1.
 _K_BLOCK_BYTES = 1024
@@ -174,18 +186,27 @@ def padded_throughput(kernel: Microkernel, n: int) -> float:
     return tile_throughput(kernel) * n / cols
 
 
-def padded_rows(target: Target, in_dtype: str, shape: GemmShape) -> int:
+def padded_rows(target: Target, in_dtype: str, shape: GemmShape,
+                caches: CacheSizes | None = None, threads: int | None = None) -> int:
     """Zero rows to add to ``M`` so that a better register tile covers it (0: none).
 
     A GEMM whose ``M`` no good tile divides (197 tokens, a prime batch) would run on a thin
     tile; the packing passes can pad ``x`` with zero rows instead (sliced off in the kernel,
     like the padded columns). Padding is chosen when the best tile's throughput, scaled by the
     useful fraction ``M / (M + pad)``, beats the best exact tile by :data:`_PAD_GAIN`, and only
-    for ``N >= ``:data:`_PAD_MIN_N` (the padded copy of ``x`` is paid once per ``N``) and
-    ``M >= ``:data:`_PAD_MIN_M`.
+    for ``N >= ``:data:`_PAD_MIN_N` (the padded copy of ``x`` is paid once per ``N``); under
+    :data:`_PAD_MIN_M` rows, only where each of ``threads`` (:func:`target_threads` by default)
+    has at least :data:`_PAD_FEW_ROWS_MIN_L2S` of an L2 of weights (``caches``: this host's by
+    default), never under :data:`_PAD_MIN_FEW_ROWS` rows, and for fp32 ``x`` only.
     """
-    if shape.n < _PAD_MIN_N or shape.m < _PAD_MIN_M:
+    if shape.n < _PAD_MIN_N or shape.m < _PAD_MIN_FEW_ROWS:
         return 0
+    if shape.m < _PAD_MIN_M:
+        if in_dtype != "float32":
+            return 0
+        share = shape.k * shape.n * _INPUT_BYTES[in_dtype] / (threads or target_threads(target))
+        if share < _PAD_FEW_ROWS_MIN_L2S * (caches or cache_sizes()).l2:
+            return 0
     exact = select(target, in_dtype, shape, packing=True)
     if exact and exact[0].per_block:
         return 0
@@ -196,6 +217,11 @@ def padded_rows(target: Target, in_dtype: str, shape: GemmShape) -> int:
         if pad and value > best:
             best_rows, best = pad, value
     return best_rows
+
+
+def target_threads(target: Target) -> int:
+    """The threads kernels for ``target`` run on: its ``num-cores``, else TVM's pool."""
+    return int(target.attrs.get("num-cores", 0)) or num_threads()
 
 
 def tile_throughput(k: Microkernel) -> float:

@@ -41,7 +41,6 @@ from tvm.target import Target
 
 from ...host import cache_sizes, target_features
 from ...microkernels import Microkernel, has_gemm_kernels, microkernel_by_name, tensor_intrin
-from ...thread_pool import num_threads
 from ..accumulate import (
     accumulate_in_tile,
     attach_accumulator,
@@ -52,7 +51,7 @@ from ..parallel_vectorize import inline_free_producers
 from ..template import Template
 from . import space
 from .analysis import GemmBlock, match_gemm
-from .heuristics import GemmKnobs, choose_knobs, select
+from .heuristics import GemmKnobs, choose_knobs, select, target_threads
 
 logger = logging.getLogger(__name__)
 
@@ -92,12 +91,13 @@ class GemmTemplate(Template):
         return float(2 * shape.batch * shape.m * shape.n * shape.k)
 
     def variants(self, workload: GemmBlock, target: Target) -> list[GemmKnobs]:
-        return space.variants(workload.shape, self._ranked(workload, target), _threads(target))
+        return space.variants(workload.shape, self._ranked(workload, target),
+                              target_threads(target))
 
     def neighbours(self, workload: GemmBlock, knobs: GemmKnobs,
                    target: Target) -> list[GemmKnobs]:
         return space.neighbours(workload.shape, knobs, self._ranked(workload, target),
-                                _threads(target))
+                                target_threads(target))
 
     def random(self, workload: GemmBlock, target: Target, rng: random.Random) -> GemmKnobs:
         return space.random_knobs(workload.shape, self._ranked(workload, target), rng)
@@ -156,11 +156,7 @@ def knobs_for(gemm: GemmBlock, target: Target) -> GemmKnobs | None:
     if gemm.shape.k < 2:
         return None
     return choose_knobs(gemm.shape, candidate_kernels(gemm, target), cache_sizes(),
-                        _threads(target))
-
-
-def _threads(target: Target) -> int:
-    return int(target.attrs.get("num-cores", 0)) or num_threads()
+                        target_threads(target))
 
 
 def schedule_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
