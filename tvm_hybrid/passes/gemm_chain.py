@@ -33,8 +33,8 @@ from tvm.target import Target
 
 from ..errors import OptionError
 from ..host import CacheSizes, cache_sizes
+from ..schedules.gemm.heuristics import target_threads
 from ..schedules.gemm_chain import ChainShape, chain_variants, thin_tiles
-from ..thread_pool import num_threads
 from .packed_gemm import KERNEL_NAMES
 from .relax_rewrite import static_shape
 
@@ -152,7 +152,7 @@ class FuseGemmChains:
     def __init__(self, target: Target, mode: str | None = None, recorder=None):
         self.target = target
         self.recorder = recorder
-        self.threads = int(target.attrs.get("num-cores", 0)) or num_threads()
+        self.threads = target_threads(target)
         self.caches = cache_sizes()
         self.mode = chain_mode(mode)
 
