@@ -18,7 +18,12 @@ from tvm_hybrid.bench import workloads
 from tvm_hybrid.host import CacheSizes
 from tvm_hybrid.passes import PrepackConstantWeights
 from tvm_hybrid.passes.packed_gemm import KERNEL_NAMES, pack_weight, packed_gemm
-from tvm_hybrid.schedules.gemm.heuristics import GemmShape, padded_rows, select
+from tvm_hybrid.schedules.gemm.heuristics import (
+    GemmShape,
+    padded_rows,
+    select,
+    thread_balance,
+)
 from tvm_hybrid.testing.relax_modules import relax_function
 
 ZEN5 = tvm_hybrid.make_target({"kind": "llvm", "mcpu": "znver5", "num-cores": 2})
@@ -38,6 +43,31 @@ def test_rows_are_padded_only_where_a_thin_tile_would_run(target):
     # Tiles that divide M already, a GEMV, or too few columns to pay for the copy: no padding.
     for m, n in ((1, 768), (192, 768), (256, 768), (197, 16)):
         assert padded_rows(target, "float32", GemmShape(1, m, n, 333)) == 0, (m, n)
+
+
+def test_rows_are_padded_where_the_exact_tiles_leave_threads_idle():
+    """777 rows on 16 AVX-512 cores: the exact 7x32 tiles make 12 blocks for 16 threads, so
+    the rows are padded to 784 (14x32 tiles, 16 blocks); on 2 threads the same tiles keep both
+    busy and nothing is padded. On a 2-core AVX2 Zen 3, small weights of odd row counts."""
+    spr16 = tvm_hybrid.make_target({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 16})
+    l2_2mib = CacheSizes(l1d=48 * 1024, l2=2 * 1024 * 1024, l3=300 * 1024 * 1024)
+    shape = GemmShape(1, 777, 768, 333)
+    exact = select(spr16, "float32", shape, packing=True)[0]
+    assert (exact.mr, exact.nr) == (7, 32)
+    assert thread_balance(shape, exact, l2_2mib, 16) == 0.75
+    assert thread_balance(shape, exact, l2_2mib, 2) == 1.0
+    assert padded_rows(spr16, "float32", shape, l2_2mib, 16) == 7
+    best = select(spr16, "float32", GemmShape(1, 784, 768, 333), packing=True)[0]
+    assert thread_balance(GemmShape(1, 784, 768, 333), best, l2_2mib, 16) == 1.0
+    assert padded_rows(spr16, "float32", shape, l2_2mib, 2) == 0
+    # Tiles that divide M with every thread busy: nothing to gain.
+    assert padded_rows(spr16, "float32", GemmShape(1, 768, 768, 333), l2_2mib, 16) == 0
+
+    def zen3(m):
+        return padded_rows(HASWELL, "float32", GemmShape(1, m, 256, 256), ZEN3_CACHES, 2)
+
+    assert (zen3(117), zen3(255), zen3(405)) == (3, 1, 3)  # measured 1.16-1.28x faster
+    assert zen3(120) == 0
 
 
 def test_few_rows_are_padded_only_for_a_thread_share_of_weights_beyond_l2():
