@@ -87,6 +87,11 @@ def test_select_is_the_one_ranking():
     assert panel_width(HASWELL, "float32", 64, 32, 64) == 32
     assert panel_width(HASWELL, "float32", 64, 1000, 64) == 24
     assert panel_width(HASWELL, "float32", 64, 16, 64) == 16
+    # Equal FMAs per load: the tile of more accumulators first (AVX2's 6x16 before 3x24, 12
+    # accumulators against 9), then the wider one.
+    tied = GemmShape(1, 198, 768, 333)
+    assert [(k.mr, k.nr) for k in select(HASWELL, "float32", tied)[:2]] == [(6, 16), (3, 24)]
+    assert (select(HASWELL, "float32", GemmShape(1, 32, 64, 64))[0].nr) == 32  # 2x32 vs 4x16
 
 
 def test_direct_convolution_panels_count_useful_channels():
