@@ -140,3 +140,25 @@ def test_odd_rows_run_on_a_full_tile_and_match():
     a = wl.inputs["a"]
     w = numpy_helper.to_array(wl.model.graph.initializer[0])
     np.testing.assert_allclose(model(a), a @ w, rtol=1e-4, atol=1e-4)
+
+
+def test_batched_rows_count_the_batch_in_the_thread_split():
+    """Blocks of several batches keep the threads busy that one batch's 7x32 tiles would not:
+    777 rows are padded for 16 threads in one batch, not in four."""
+    spr16 = tvm_hybrid.make_target({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 16})
+    l2_2mib = CacheSizes(l1d=48 * 1024, l2=2 * 1024 * 1024, l3=300 * 1024 * 1024)
+    assert padded_rows(spr16, "float32", GemmShape(1, 777, 768, 333), l2_2mib, 16) == 7
+    assert padded_rows(spr16, "float32", GemmShape(4, 777, 768, 333), l2_2mib, 16) == 0
+
+
+def test_the_packing_asks_for_rows_with_the_batch(monkeypatch):
+    import tvm_hybrid.passes.packed_gemm as packed
+
+    asked = []
+    monkeypatch.setattr(packed, "padded_rows",
+                        lambda target, dtype, shape, *a, **k: asked.append(shape) or 0)
+    w = np.random.default_rng(0).standard_normal((64, 256)).astype("float32")
+    x = relax.Var("x", relax.TensorType((4, 197, 64), "float32"))
+    PrepackConstantWeights(ZEN5)(relax_function([x], lambda bb, x: relax.op.matmul(
+        x, relax.const(w))))
+    assert asked == [GemmShape(4, 197, 256, 64)]
