@@ -18,6 +18,7 @@ QDQ and ``MatMulInteger`` paths). Every packed GEMM's kernel name contains
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -122,7 +123,7 @@ def emit_packed_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
     in_dtype = str(x.ty.dtype)
     k, n = (int(d) for d in weight.shape)
     *batch, m = (int(d) for d in x.ty.shape.values[:-1])
-    extra_rows = padded_rows(target, in_dtype, GemmShape(int(np.prod(batch)), m, n, k)) \
+    extra_rows = padded_rows(target, in_dtype, GemmShape(math.prod(batch), m, n, k)) \
         if pad_rows or row_padder else 0
     layout = weight_layout(target, in_dtype, m + extra_rows, n, k)
     if layout is not None and row_padder is not None and extra_rows and -k % layout[1]:

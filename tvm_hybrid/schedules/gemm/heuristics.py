@@ -220,27 +220,31 @@ def padded_rows(target: Target, in_dtype: str, shape: GemmShape,
     if exact and exact[0].per_block:
         return 0
     kernels = microkernels_for(target, in_dtype, include_blocks=False)
-    best_rows, best = 0, (tile_throughput(exact[0]) if exact else 0.0) * _PAD_GAIN
-    for kernel in kernels:
-        pad = -shape.m % kernel.mr
-        value = tile_throughput(kernel) * shape.m / (shape.m + pad)
-        if pad and value > best:
-            best_rows, best = pad, value
+    best_rows = _best_padding(
+        shape, kernels, lambda kernel, rows: tile_throughput(kernel) * shape.m / rows,
+        (tile_throughput(exact[0]) if exact else 0.0) * _PAD_GAIN)
     if best_rows or not exact or shape.m < _PAD_MIN_M:
         return best_rows
     # The exact tile's blocks may leave threads idle: count the share each tile keeps busy.
     caches, threads = caches or cache_sizes(), threads or target_threads(target)
-    best = tile_throughput(exact[0]) * _PAD_GAIN * thread_balance(shape, exact[0], caches,
-                                                                  threads)
+
+    def balanced(kernel: Microkernel, rows: int) -> float:
+        return tile_throughput(kernel) * shape.m / rows * thread_balance(
+            dataclasses.replace(shape, m=rows), kernel, caches, threads)
+
+    return _best_padding(shape, [k for k in kernels if not l1_aliased(k, shape)], balanced,
+                         tile_throughput(exact[0]) * _PAD_GAIN * thread_balance(
+                             shape, exact[0], caches, threads))
+
+
+def _best_padding(shape: GemmShape, kernels: list[Microkernel], value, threshold: float) -> int:
+    """The zero rows (0: none) padding ``shape`` for the kernel whose ``value(kernel, padded
+    rows)`` is the highest above ``threshold``, among those that need padding."""
+    best_rows, best = 0, threshold
     for kernel in kernels:
         pad = -shape.m % kernel.mr
-        if not pad or l1_aliased(kernel, shape):
-            continue
-        rows = shape.m + pad
-        value = tile_throughput(kernel) * shape.m / rows * thread_balance(
-            dataclasses.replace(shape, m=rows), kernel, caches, threads)
-        if value > best:
-            best_rows, best = pad, value
+        if pad and (gain := value(kernel, shape.m + pad)) > best:
+            best_rows, best = pad, gain
     return best_rows
 
 
@@ -252,7 +256,12 @@ def thread_balance(shape: GemmShape, kernel: Microkernel, caches: CacheSizes,
     n = -(-shape.n // kernel.nr) * kernel.nr
     tiled = dataclasses.replace(shape, n=n)
     m_block, n_block = choose_blocks(tiled, kernel, caches, threads)
-    blocks = shape.batch * (shape.m // kernel.mr // m_block) * (n // kernel.nr // n_block)
+    return _balance(shape.batch * (shape.m // kernel.mr // m_block) * (n // kernel.nr // n_block),
+                    threads)
+
+
+def _balance(blocks: int, threads: int) -> float:
+    """The share of ``threads`` busy when ``blocks`` equal blocks are spread over them."""
     return blocks / (threads * math.ceil(blocks / threads))
 
 
@@ -315,7 +324,7 @@ def choose_blocks(shape: GemmShape, kernel: Microkernel, caches: CacheSizes,
             continue
         for nb in _divisors(n_tiles):
             blocks = shape.batch * (m_tiles // mb) * (n_tiles // nb)
-            balance = blocks / (threads * math.ceil(blocks / threads))
+            balance = _balance(blocks, threads)
             rows, cols = mb * kernel.mr, nb * kernel.nr
             cost = (_COMPUTE + 1 / cols + 1 / rows) / balance + _BLOCK_OVERHEAD / (rows * cols)
             if cost < best_cost - 1e-12:
