@@ -5,7 +5,7 @@ lower.
    folded, run-time index checks.
 2. **Graph passes**: attention subgraphs to fused kernels, convolutions to GEMMs, epilogues
    cleared of reshapes and scales, integer and constant-weight GEMMs packed for their
-   microkernels, GEMM + epilogue fusion groups.
+   microkernels, GEMM + epilogue fusion groups, divisions by constants as products.
 3. **Fusion**: legalize to TIR, fuse producer/consumer chains into one kernel each. Phases 1-3
    are :func:`prepare_passes`; their PrimFuncs are the tuning tasks.
 4. **Schedule**: tuning records, then the expert templates, then the fallback rule.
@@ -38,6 +38,7 @@ from .passes import (
     IntegerConvToFloat,
     IntegerGemmToVNNI,
     PrepackConstantWeights,
+    ReciprocalDivisors,
     SinkReshapes,
 )
 from .schedules import default_rules
@@ -85,6 +86,9 @@ def graph_passes(target: Target, precision: str = "fp32",
         *_noted(recorder, FuseGemmEpilogues()),
         # Inside the fused groups too, so after the grouping.
         FastMath(),
+        # Quantization scales, BatchNorm's deviations, HardSwish's 6: after every rewrite that
+        # folds or builds a division (convolution layouts, scales into weights).
+        ReciprocalDivisors(),
     ]
 
 

@@ -1,6 +1,7 @@
 """Relax graph passes of the hybrid pipeline (phases 1 and 2), one per module."""
 
 from .check_indices import CheckIndices
+from .constant_divisors import ReciprocalDivisors
 from .conv_gemm import ConvToGemm
 from .fast_math import FastMath
 from .fold_scales import FoldScalesIntoWeights
@@ -25,5 +26,6 @@ __all__ = [
     "IntegerConvToFloat",
     "IntegerGemmToVNNI",
     "PrepackConstantWeights",
+    "ReciprocalDivisors",
     "SinkReshapes",
 ]
