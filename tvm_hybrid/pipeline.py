@@ -5,7 +5,8 @@ lower.
    folded, run-time index checks.
 2. **Graph passes**: attention subgraphs to fused kernels, convolutions to GEMMs, epilogues
    cleared of reshapes and scales, integer and constant-weight GEMMs packed for their
-   microkernels, GEMM + epilogue fusion groups, divisions by constants as products.
+   microkernels, GEMM + epilogue fusion groups, divisions by constants as products and
+   chains of constant scales and shifts as one multiply-add.
 3. **Fusion**: legalize to TIR, fuse producer/consumer chains into one kernel each. Phases 1-3
    are :func:`prepare_passes`; their PrimFuncs are the tuning tasks.
 4. **Schedule**: tuning records, then the expert templates, then the fallback rule.
@@ -30,6 +31,7 @@ from .passes import (
     CheckIndices,
     ConvToGemm,
     FastMath,
+    FoldAffineChains,
     FoldQDQ,
     FoldScalesIntoWeights,
     FuseAttention,
@@ -89,6 +91,9 @@ def graph_passes(target: Target, precision: str = "fp32",
         # Quantization scales, BatchNorm's deviations, HardSwish's 6: after every rewrite that
         # folds or builds a division (convolution layouts, scales into weights).
         ReciprocalDivisors(),
+        # The dequantization scale, BatchNorm and quantization scale between two roundings,
+        # as one multiply-add: after the divisions became products.
+        FoldAffineChains(),
     ]
 
 

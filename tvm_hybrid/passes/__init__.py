@@ -1,5 +1,6 @@
 """Relax graph passes of the hybrid pipeline (phases 1 and 2), one per module."""
 
+from .affine_chains import FoldAffineChains
 from .check_indices import CheckIndices
 from .constant_divisors import ReciprocalDivisors
 from .conv_gemm import ConvToGemm
@@ -18,6 +19,7 @@ __all__ = [
     "CheckIndices",
     "ConvToGemm",
     "FastMath",
+    "FoldAffineChains",
     "FoldScalesIntoWeights",
     "FoldQDQ",
     "FuseAttention",
