@@ -134,27 +134,23 @@ def test_affine_chains_stop_where_a_value_is_shared_or_not_constant():
     x = relax.Var("x", relax.TensorType((4, 8), "float32"))
     y = relax.Var("y", relax.TensorType((4, 8), "float32"))
 
-    def before(bb, x, y):
+    def unchanged(bb, x, y):
         shared = bb.emit(relax.op.multiply(bb.emit(relax.op.add(x, relax.const(1.0))),
                                            relax.const(2.0)))
         twice = bb.emit(relax.op.multiply(shared, bb.emit(relax.op.add(shared,
                                                                         relax.const(3.0)))))
         inf = bb.emit(relax.op.add(bb.emit(relax.op.multiply(twice, relax.const(np.inf))),
                                    relax.const(1.0)))
-        kept = bb.emit(relax.op.add(bb.emit(relax.op.multiply(inf, y)), relax.const(1.0)))
+        return bb.emit(relax.op.multiply(inf, y))
+
+    def before(bb, x, y):
+        kept = bb.emit(relax.op.add(unchanged(bb, x, y), relax.const(1.0)))
         shifted = bb.emit(relax.op.subtract(relax.const(5.0), bb.emit(
             relax.op.subtract(kept, relax.const(2.0)))))
         return relax.op.add(bb.emit(relax.op.add(shifted, relax.const(1.0))), relax.const(1.0))
 
     def expected(bb, x, y):
-        shared = bb.emit(relax.op.multiply(bb.emit(relax.op.add(x, relax.const(1.0))),
-                                           relax.const(2.0)))
-        twice = bb.emit(relax.op.multiply(shared, bb.emit(relax.op.add(shared,
-                                                                        relax.const(3.0)))))
-        inf = bb.emit(relax.op.add(bb.emit(relax.op.multiply(twice, relax.const(np.inf))),
-                                   relax.const(1.0)))
-        scaled = bb.emit(relax.op.multiply(bb.emit(relax.op.multiply(inf, y)),
-                                           relax.const(-1.0)))
+        scaled = bb.emit(relax.op.multiply(unchanged(bb, x, y), relax.const(-1.0)))
         return relax.op.add(scaled, relax.const(8.0))
 
     _same(FoldAffineChains()(relax_function([x, y], before)),
