@@ -55,19 +55,21 @@ def _step(expr: relax.Expr):
 
 
 def compose(expr: relax.Expr, values: dict, single_use: set):
-    """``(x, a, b, ops)``: ``expr = x * a + b`` through ``ops`` affine ops of constants, each
-    op's value operand a variable bound (in ``values``) to the next one and read by nothing
-    else (``single_use``)."""
+    """``(x, a, b, ops, first)``: ``expr = x * a + b`` through ``ops`` affine ops of constants,
+    each op's value operand a variable bound (in ``values``) to the next one and read by
+    nothing else (``single_use``); ``first`` is the variable of the chain's first op (None when
+    ``expr`` is the only one)."""
     step = _step(expr)
     if step is None:
-        return expr, 1.0, 0.0, 0
+        return expr, 1.0, 0.0, 0, None
     x, a, b = step
-    ops = 1
+    ops, first = 1, None
     while x in single_use and (inner := _step(values.get(x))) is not None:
+        first = x
         x, a_in, b_in = inner
         a, b = np.multiply(a_in, a), np.multiply(b_in, a) + b
         ops += 1
-    return x, a, b, ops
+    return x, a, b, ops, first
 
 
 @relax.expr_functor.mutator
@@ -81,11 +83,13 @@ class _Rewriter(relax.PyExprMutator):
         return super().visit_function_(func)
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
-        x, a, b, ops = compose(binding.value, self.values, self.single_use)
+        x, a, b, ops, first = compose(binding.value, self.values, self.single_use)
         if ops <= int(np.any(np.asarray(a) != 1.0)) + int(np.any(np.asarray(b) != 0.0)):
             super().visit_var_binding_(binding)
             return
-        # The ops of the chain before this one are left unused, hence removed.
+        # The ops of the chain before this one are left unused, hence removed. The multiply
+        # takes the name of the chain's first op, the add this binding's: the ONNX nodes they
+        # came from (attribution.py) stay with the kernel that computes them.
         x = self.visit_expr(x)
         a, b = np.asarray(a), np.asarray(b)
         if np.all(a == 1.0):
@@ -93,7 +97,8 @@ class _Rewriter(relax.PyExprMutator):
         elif np.all(b == 0.0) and np.broadcast_shapes(a.shape, b.shape) == a.shape:
             value = relax.op.multiply(x, relax.const(a.astype(np.float32)))
         else:
-            scaled = self.builder_.emit(relax.op.multiply(x, relax.const(a.astype(np.float32))))
+            scaled = self.builder_.emit(relax.op.multiply(x, relax.const(a.astype(np.float32))),
+                                        name_hint=first.name if first is not None else "lv")
             value = relax.op.add(scaled, relax.const(b.astype(np.float32)))
         if isinstance(binding.var, relax.DataflowVar):
             new = self.builder_.emit(value, name_hint=binding.var.name)
