@@ -5,8 +5,7 @@ Runtime's ``quantize_static`` leaves a PaddlePaddle MobileNet) applies, to every
 two roundings, the dequantization's scale, BatchNorm's ``- mean``, ``/ sqrt(var + eps)``,
 ``* gamma``, ``+ beta`` and the next quantization's ``/ scale``: six vector operations where
 ``x * a + b`` (one FMA) computes the same affine map. The depthwise convolutions of
-orientation_qdq_int8, whose epilogues are most of their work, spent 1.7x the time of the fp32
-model's on such chains.
+orientation_qdq_int8, which run such chains, took 1.7x the time of the fp32 model's.
 
 Every float32 ``add``, ``subtract`` or ``multiply`` of a value and a constant (divisions by
 constants are products after :class:`ReciprocalDivisors`) whose value operand is such an op
