@@ -29,7 +29,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .relax_rewrite import bound_value, rewrite_functions
+from .relax_rewrite import constant_value, rewrite_functions
 
 _FLOAT32_MIN_NORMAL = float(np.finfo(np.float32).tiny)
 
@@ -54,12 +54,11 @@ class _Rewriter(relax.PyExprMutator):
         if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.divide"):
             return call
         x, divisor = call.args
-        constant = bound_value(self, divisor)
-        if not isinstance(constant, tvm.ir.GenericConst) or \
-                str(constant.value.dtype) != "float32" or \
+        constant = constant_value(self, divisor)
+        if constant is None or constant.dtype != np.float32 or \
                 str(getattr(call.ty, "dtype", "")) != "float32":
             return call
-        recip = reciprocal(constant.value.numpy())
+        recip = reciprocal(constant)
         if recip is None:
             return call
         return relax.op.multiply(x, relax.const(recip, "float32"))
