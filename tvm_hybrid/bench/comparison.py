@@ -96,7 +96,7 @@ def compare(
         Time a peer whose outputs differ too, marked :attr:`PeerResult.inexact` (its speed is
         what a user of it gets, wrong results included); otherwise it is left untimed.
     """
-    results, runners, reference = [], {}, None
+    results, runners, reference, reference_name = [], {}, None, None
     for peer in peers:
         result = PeerResult(peer)
         results.append(result)
@@ -112,7 +112,7 @@ def compare(
             result.error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
             continue
         if reference is None:
-            reference = outputs
+            reference, reference_name = outputs, peer
             result.max_rel_err = 0.0
         else:
             result.max_rel_err, agree = _agreement(outputs, reference, rtol, atol)
@@ -120,7 +120,9 @@ def compare(
                 result.inexact = True
             elif not agree:
                 result.error = (
-                    f"outputs differ from {results[0].name} (rel err {result.max_rel_err:.2e})"
+                    f"outputs differ from {reference_name}"
+                    + (" (NaN where it has none)" if np.isnan(result.max_rel_err)
+                       else f" (rel err {result.max_rel_err:.2e})")
                 )
                 continue
         runners[peer] = runner
@@ -175,9 +177,12 @@ def _agreement(outputs, reference, rtol, atol) -> tuple[float, bool]:
         got, want = np.asarray(got, dtype="float64"), np.asarray(want, dtype="float64")
         if got.shape != want.shape:
             return float("inf"), False
-        scale = max(float(np.abs(want).max(initial=0.0)), 1e-6)
-        worst = max(worst, float(np.abs(got - want).max(initial=0.0)) / scale)
-        agree &= bool(np.allclose(got, want, rtol=rtol, atol=atol))
+        if not np.array_equal(np.isnan(got), np.isnan(want)):
+            return float("nan"), False  # NaN where the reference has none (or the reverse)
+        scale = max(float(np.abs(want).max(initial=0.0, where=~np.isnan(want))), 1e-6)
+        diff = np.abs(got - want)
+        worst = max(worst, float(diff.max(initial=0.0, where=~np.isnan(diff))) / scale)
+        agree &= bool(np.allclose(got, want, rtol=rtol, atol=atol, equal_nan=True))
     return worst, agree
 
 

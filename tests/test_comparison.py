@@ -1,0 +1,45 @@
+"""The benchmark comparison's output check (``tvm_hybrid.bench.comparison``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tvm_hybrid.bench import comparison
+
+
+@pytest.fixture
+def fake_peers(monkeypatch):
+    """Peers whose outputs the test sets; "tvm" is not installed."""
+    outputs = {}
+    monkeypatch.setattr(comparison, "available", lambda name: name != "tvm")
+    monkeypatch.setattr(comparison, "make_runner",
+                        lambda name, model, target: lambda feeds: [outputs[name]])
+    return outputs
+
+
+def test_nan_outputs_are_reported_as_nan_not_as_agreement(fake_peers):
+    want = np.linspace(-1, 1, 12, dtype="float32")
+    fake_peers["hybrid"] = want
+    fake_peers["openvino"] = np.where(np.arange(12) == 3, np.nan, want).astype("float32")
+    fake_peers["onnxruntime"] = want + 0.5
+    result = comparison.compare("m", None, {}, ["tvm", "hybrid", "openvino", "onnxruntime"],
+                                rounds=1, min_round_ms=0.0)
+    by_name = {r.name: r for r in result.results}
+    assert by_name["tvm"].error == "not installed"
+    assert by_name["hybrid"].ok
+    # The reference is the first peer that ran (hybrid), not the first one asked for (tvm).
+    assert by_name["openvino"].error == "outputs differ from hybrid (NaN where it has none)"
+    assert np.isnan(by_name["openvino"].max_rel_err)
+    assert by_name["onnxruntime"].error == "outputs differ from hybrid (rel err 5.00e-01)"
+
+
+def test_nan_where_the_reference_has_nan_agrees(fake_peers):
+    want = np.array([1.0, np.nan, -2.0], dtype="float32")
+    fake_peers["hybrid"] = want
+    fake_peers["openvino"] = want + np.float32(1e-5)
+    result = comparison.compare("m", None, {}, ["hybrid", "openvino"], rounds=1,
+                                min_round_ms=0.0)
+    openvino = result.results[1]
+    assert openvino.ok and openvino.median_ms > 0
+    assert openvino.max_rel_err == pytest.approx(5e-6, rel=1e-2)
