@@ -148,6 +148,9 @@ def _gemm_flops(func: tirx.PrimFunc) -> tuple[float, str]:
         blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
     except Exception:  # noqa: BLE001 - opaque functions: no count
         return 0.0, ""
+    depthwise = _depthwise_flops(sch)
+    if depthwise:
+        return depthwise, "fp32"
     for block in blocks:
         if not any(iv.iter_type == tirx.IterVar.CommReduce for iv in block.iter_vars):
             continue
@@ -166,6 +169,19 @@ def _gemm_flops(func: tirx.PrimFunc) -> tuple[float, str]:
     return flops, kind
 
 
+def _depthwise_flops(sch: s_tir.Schedule) -> float:
+    """FLOPs of the depthwise convolution block of ``sch``'s function (2 per tap), or 0."""
+    from .passes.conv_computes import DEPTHWISE_BLOCK
+    from .schedules.depthwise_template import depthwise_shape
+
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        if sch.get(block).name_hint.startswith(DEPTHWISE_BLOCK):
+            shape = depthwise_shape(sch, block)
+            if shape is not None:
+                return 2.0 * shape.rows * shape.width * shape.channels * shape.taps
+    return 0.0
+
+
 def _has_mul(expr) -> bool:
     while isinstance(expr, prim.Cast):
         expr = expr.value
@@ -181,6 +197,8 @@ def template_hint(func: tirx.PrimFunc, target) -> str:
 
     try:
         sch = s_tir.Schedule(func)
+        # Named before the preparation, which inlines injective blocks (a depthwise one too).
+        blocks = {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))}
         gemms = prepare(sch)
     except Exception as err:  # noqa: BLE001
         return f"not analysable ({type(err).__name__})"
@@ -198,10 +216,10 @@ def template_hint(func: tirx.PrimFunc, target) -> str:
         if names:
             return ("a reduction that is not a GEMM: the generic schedule; try tvm-hybrid "
                     "tune --others metaschedule")
-        blocks = {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))}
-        if DEPTHWISE_BLOCK in blocks:
-            return ("a depthwise convolution: its taps unrolled, vectorised along the channels "
-                    "by the fallback rule")
+        if any(name.startswith(DEPTHWISE_BLOCK) for name in blocks):
+            return ("a depthwise convolution the depthwise template does not take (a channel "
+                    "count no vector of 4 or more lanes divides, or an epilogue that is not "
+                    "elementwise): the fallback rule vectorises its channels")
         return "elementwise or data movement: memory-bound, no template needed"
     for gemm in gemms:
         shape = f"{gemm.shape.m}x{gemm.shape.n}x{gemm.shape.k}"

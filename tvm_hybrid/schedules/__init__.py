@@ -9,13 +9,15 @@ lowering.
 from __future__ import annotations
 
 from .conv_template import ConvTemplate
+from .depthwise_template import DepthwiseTemplate
 from .gemm.template import GemmTemplate
 from .gemm_chain import GemmChainTemplate
 from .parallel_vectorize import ParallelVectorize
 from .template import Template, apply_template
 
 #: The expert templates, in priority order (what the rules apply and the tuner searches).
-TEMPLATES: tuple[Template, ...] = (GemmChainTemplate(), GemmTemplate(), ConvTemplate())
+TEMPLATES: tuple[Template, ...] = (GemmChainTemplate(), GemmTemplate(), ConvTemplate(),
+                                   DepthwiseTemplate())
 
 
 def default_rules() -> list:
@@ -32,5 +34,5 @@ def covering_template(func, target) -> tuple[Template, list] | None:
     return None
 
 
-__all__ = ["TEMPLATES", "ConvTemplate", "GemmChainTemplate", "GemmTemplate", "ParallelVectorize",
-           "Template", "apply_template", "covering_template", "default_rules"]
+__all__ = ["TEMPLATES", "ConvTemplate", "DepthwiseTemplate", "GemmChainTemplate", "GemmTemplate",
+           "ParallelVectorize", "Template", "apply_template", "covering_template", "default_rules"]

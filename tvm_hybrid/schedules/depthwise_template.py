@@ -1,0 +1,278 @@
+"""The depthwise convolution template: register blocks of pixels by a vector of channels.
+
+For the NHWC depthwise convolution of ``passes/conv_gemm.py`` (``conv_computes.depthwise_conv``:
+``Y[b, y, x, c] = sum_{ky, kx} Xp[b, y * sh + ky * dh, x * sw + kx * dw, c] * W[ky, kx, c]``,
+an injective block with its taps unrolled) and the elementwise epilogue fused after it (bias,
+folded BatchNorm, HardSwish, a residual add, a quantization)::
+
+    parallel for (b, y, c_vector):                 # one output row, one vector of channels
+      for x_block:                                 # x_block pixels of the row
+        acc[x_block, lanes] = taps of each pixel   # local: register accumulators
+        Y[x_block, c_vector] = epilogue(acc)
+
+Within a block the pixels share input columns (``x_block + kw - 1`` loads per row of taps
+instead of ``x_block * kw``) and each tap's weight vector (one load per block instead of one
+per pixel); along a row the block walks ``kh`` input rows of one vector of channels (a few KiB,
+in L1), and the weights of that vector stay in L1 across the row. The fallback rule instead
+inlined the convolution into the epilogue, so that an epilogue reading it twice (HardSwish's
+``x * clip(x + 3, 0, 6)``) held all taps twice in its expression, and swept every channel of
+a pixel before the next pixel, loading each weight once per pixel.
+
+Knobs: ``lanes`` (the channel vector: the target's fp32 vector, its half or quarter, or twice
+it; :func:`channel_lanes`) and ``x_block`` (pixels per block, a divisor of the row's width).
+Heuristic: the first vector :func:`channel_lanes` allows (the widest fp32 vector that divides
+the channels; 16 lanes at least for a u8 output); the largest block of at most
+:data:`X_BLOCK` pixels dividing the width, or the whole row when it is at most
+:data:`WHOLE_ROW` and nothing larger than 1 divides it (7x7 maps). Measured on the Zen 4 (2
+cores, ocr_rec's depthwise kernels with their HardSwish epilogues): 5x5 taps on 240 channels,
+12 x 80 pixels, 0.240 -> 0.081 ms (zmm; 2 pixels 0.090, 8 pixels 0.082) and 0.217 -> 0.105 ms
+with the AVX2 code (2 pixels 0.120); 3x3 taps on 64 channels at 24 x 160, 0.044 -> 0.027 ms.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import tvm
+import tvm.ir.expr as ir_expr
+import tvm_ffi
+from tvm import s_tir, tirx
+from tvm.ir.prim.expr import IntImm
+from tvm.s_tir.dlight.analysis import get_sblock_info
+from tvm.target import Target
+
+from ..passes.conv_computes import DEPTHWISE_BLOCK
+from .gemm.heuristics import divisors
+from .gemm.template import TEMPLATE_ANNOTATION
+from .parallel_vectorize import vector_lanes
+from .rule_failures import NotApplicable
+from .template import Template, adjacent
+
+#: The largest pixel block the heuristic picks (4: the best or within noise of it in the
+#: measurements of the module docstring, on zmm and on AVX2).
+X_BLOCK = 4
+#: Rows at most this wide with no divisor in ``2..X_BLOCK`` are one block (7 pixels, 5).
+WHOLE_ROW = 8
+#: The largest pixel block the tuner tries.
+MAX_X_BLOCK = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class DepthwiseShape:
+    """A depthwise convolution: ``rows`` output rows (batch x height) of ``width`` pixels,
+    ``channels`` channels, ``taps`` taps per output; the function's output has ``out_bytes``
+    per element (1: a quantized epilogue)."""
+
+    rows: int
+    width: int
+    channels: int
+    taps: int
+    out_bytes: int = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class DepthwiseKnobs:
+    """The template's knobs: channels per vector and pixels per register block."""
+
+    lanes: int
+    x_block: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.lanes}/{self.x_block}"
+
+    def describe(self) -> str:
+        return f"{self.x_block} pixels x {self.lanes} channels per register block"
+
+    def as_dict(self) -> dict:
+        return {"template": DepthwiseTemplate.name, "lanes": self.lanes,
+                "x_block": self.x_block}
+
+
+@dataclasses.dataclass(frozen=True)
+class DepthwiseWorkload:
+    """The function's output block (the epilogue's, or the convolution's without one), the
+    convolution's block, and the shape."""
+
+    block: s_tir.schedule.SBlockRV
+    conv: s_tir.schedule.SBlockRV
+    shape: DepthwiseShape
+
+
+def channel_lanes(target: Target, channels: int, out_bytes: int = 4) -> list[int]:
+    """The channel vectors ``channels`` allows on ``target``, the heuristic's first: the fp32
+    vector, its half and quarter, then twice it, those dividing ``channels`` and writing at
+    least 16 bytes of an output of ``out_bytes`` per element (at least 4 lanes). A u8 output
+    (a quantized epilogue) of 8 lanes, 8 bytes, made LLVM convert lane by lane: on AVX2 such
+    kernels ran 1.3-1.4x slower than the fallback's, and on 16 lanes (two ymm) 1.3-1.4x
+    faster."""
+    widest = vector_lanes(target, "float32")
+    least = max(4, 16 // out_bytes)
+    return [n for n in (widest, widest // 2, widest // 4, 2 * widest)
+            if n >= least and channels % n == 0]
+
+
+def _lanes(shape: DepthwiseShape, target: Target) -> list[int]:
+    return channel_lanes(target, shape.channels, shape.out_bytes)
+
+
+def block_sizes(width: int) -> list[int]:
+    """The pixel blocks a row of ``width`` allows (its divisors up to :data:`MAX_X_BLOCK`)."""
+    return [d for d in divisors(width) if d <= MAX_X_BLOCK]
+
+
+def default_x_block(width: int) -> int:
+    """The heuristic's pixel block (module docstring)."""
+    best = max(d for d in divisors(width) if d <= X_BLOCK)
+    return width if best == 1 and width <= WHOLE_ROW else best
+
+
+def depthwise_knobs(shape: DepthwiseShape, target: Target) -> DepthwiseKnobs | None:
+    """The heuristic knobs of ``shape`` on ``target``, or None (no vector divides the
+    channels: the fallback rule takes it)."""
+    lanes = _lanes(shape, target)
+    return DepthwiseKnobs(lanes[0], default_x_block(shape.width)) if lanes else None
+
+
+class DepthwiseTemplate(Template):
+    """Schedule functions holding a depthwise convolution (heuristic knobs)."""
+
+    name = "depthwise"
+    title = "depthwise convolution template"
+
+    def available(self, target: Target) -> bool:
+        return vector_lanes(target, "float32") >= 4
+
+    def match(self, sch: s_tir.Schedule, target: Target) -> list[DepthwiseWorkload] | None:
+        root = sch.get_sblock("root")
+        blocks = sch.get_child_blocks(root)
+        convs = [b for b in blocks if sch.get(b).name_hint.startswith(DEPTHWISE_BLOCK)]
+        if len(convs) != 1:
+            return None
+        for info in (get_sblock_info(sch, b) for b in blocks):
+            if "O" in info.dom_kind() or info.is_reduction():
+                return None
+        conv_name = sch.get(convs[0]).name_hint
+        # Everything but the convolution and the output inlines: producers (padding, a
+        # dequantization) into the taps, the epilogue chain into the output's block.
+        for block in blocks[:-1]:
+            if sch.get(block).name_hint != conv_name:
+                try:
+                    sch.compute_inline(block)
+                except s_tir.ScheduleError as err:
+                    raise NotApplicable(f"a block does not inline: {err}") from err
+        blocks = sch.get_child_blocks(root)
+        conv = sch.get_sblock(conv_name)
+        if len(blocks) > 2 or not sch.get(blocks[0]).same_as(sch.get(conv)):
+            return None
+        shape = depthwise_shape(sch, conv)
+        if shape is None or (len(blocks) == 2 and not _reads_in_place(sch, conv, blocks[1])):
+            return None
+        out_bytes = tvm.DataType(str(sch.get(blocks[-1]).writes[0].source.dtype)).bits // 8
+        shape = dataclasses.replace(shape, out_bytes=max(1, out_bytes))
+        return [DepthwiseWorkload(blocks[-1], conv, shape)]
+
+    def heuristic(self, workload: DepthwiseWorkload, target: Target) -> DepthwiseKnobs | None:
+        return depthwise_knobs(workload.shape, target)
+
+    def fits(self, workload: DepthwiseWorkload, knobs: DepthwiseKnobs, target: Target) -> bool:
+        shape = workload.shape
+        return (knobs.lanes in _lanes(shape, target)
+                and shape.width % knobs.x_block == 0)
+
+    def schedule(self, sch: s_tir.Schedule, workload: DepthwiseWorkload,
+                 knobs: DepthwiseKnobs):
+        return schedule_depthwise(sch, workload, knobs)
+
+    def flops(self, workload: DepthwiseWorkload) -> float:
+        s = workload.shape
+        return float(2 * s.rows * s.width * s.channels * s.taps)
+
+    def variants(self, workload: DepthwiseWorkload, target: Target) -> list[DepthwiseKnobs]:
+        x_block = default_x_block(workload.shape.width)
+        return [DepthwiseKnobs(n, x_block)
+                for n in _lanes(workload.shape, target)]
+
+    def neighbours(self, workload: DepthwiseWorkload, knobs: DepthwiseKnobs,
+                   target: Target) -> list[DepthwiseKnobs]:
+        out = [DepthwiseKnobs(knobs.lanes, b)
+               for b in adjacent(block_sizes(workload.shape.width), knobs.x_block)]
+        return out + [DepthwiseKnobs(n, knobs.x_block)
+                      for n in _lanes(workload.shape, target)
+                      if n != knobs.lanes]
+
+    def random(self, workload: DepthwiseWorkload, target: Target,
+               rng: random.Random) -> DepthwiseKnobs:
+        return DepthwiseKnobs(rng.choice(_lanes(workload.shape, target)),
+                              rng.choice(block_sizes(workload.shape.width)))
+
+    def size(self, workload: DepthwiseWorkload, target: Target) -> int:
+        return (len(_lanes(workload.shape, target))
+                * len(block_sizes(workload.shape.width)))
+
+    def knobs_from_dict(self, data: dict) -> DepthwiseKnobs:
+        return DepthwiseKnobs(int(data["lanes"]), int(data["x_block"]))
+
+
+def depthwise_shape(sch: s_tir.Schedule, block) -> DepthwiseShape | None:
+    """The :class:`DepthwiseShape` of a ``depthwise`` block (``[b, y, x, c]``, fp32, weights
+    ``[kh, kw, c]``), or None if it is not one."""
+    stmt = sch.get(block)
+    if (len(stmt.iter_vars) != 4
+            or any(iv.iter_type != tirx.IterVar.DataPar for iv in stmt.iter_vars)
+            or not all(isinstance(iv.dom.extent, IntImm) for iv in stmt.iter_vars)
+            or str(stmt.body.buffer.dtype) != "float32"):
+        return None
+    batch, height, width, channels = (int(iv.dom.extent) for iv in stmt.iter_vars)
+    weights = [r.source for r in stmt.reads if len(r.source.shape) == 3]
+    if len(weights) != 1 or not all(isinstance(d, IntImm) for d in weights[0].shape):
+        return None
+    kh, kw, depth = (int(d) for d in weights[0].shape)
+    if depth != channels:
+        return None
+    return DepthwiseShape(batch * height, width, channels, kh * kw)
+
+
+def _reads_in_place(sch: s_tir.Schedule, conv, out) -> bool:
+    """Whether ``out`` has the convolution's four loops and reads its value only at its own
+    ``[b, y, x, c]`` (an elementwise epilogue, no transposition or reshape)."""
+    stmt, produced = sch.get(out), sch.get(conv).writes[0].source
+    extents = [iv.dom.extent for iv in sch.get(conv).iter_vars]
+    if len(stmt.iter_vars) != 4 or any(
+            iv.iter_type != tirx.IterVar.DataPar or not isinstance(iv.dom.extent, IntImm)
+            or int(iv.dom.extent) != int(e) for iv, e in zip(stmt.iter_vars, extents)):
+        return False
+    order = [iv.var for iv in stmt.iter_vars]
+    ok = True
+
+    def on_load(node) -> None:
+        nonlocal ok
+        if node.source.same_as(produced):
+            ok &= len(node.indices) == 4 and all(
+                i.same_as(v) for i, v in zip(node.indices, order))
+
+    tvm_ffi.structural_walk(stmt.body, [(ir_expr.TensorLoad, on_load)])
+    return ok
+
+
+def schedule_depthwise(sch: s_tir.Schedule, workload: DepthwiseWorkload, knobs: DepthwiseKnobs):
+    """Apply the template; return the parallel loop, which holds both blocks."""
+    out, conv, shape = workload.block, workload.conv, workload.shape
+    b, y, x, c = sch.get_loops(out)
+    x_outer, x_inner = sch.split(x, [shape.width // knobs.x_block, knobs.x_block])
+    c_outer, c_inner = sch.split(c, [shape.channels // knobs.lanes, knobs.lanes])
+    sch.reorder(b, y, c_outer, x_outer, x_inner, c_inner)
+    rows = sch.fuse(b, y, c_outer, preserve_unit_iters=True)
+    sch.parallel(rows)
+    sch.unroll(x_inner)
+    sch.vectorize(c_inner)
+    if not sch.get(out).same_as(sch.get(conv)):
+        sch.compute_at(conv, x_outer, preserve_unit_loops=True)
+        sch.set_scope(conv, 0, "local")
+        *_, conv_x, conv_c = sch.get_loops(conv)
+        sch.unroll(conv_x)
+        sch.vectorize(conv_c)
+    sch.annotate(rows, TEMPLATE_ANNOTATION,
+                 f"depthwise convolution, {knobs.describe()}, {shape.taps} taps")
+    return rows
