@@ -218,8 +218,9 @@ def template_hint(func: tirx.PrimFunc, target) -> str:
                     "tune --others metaschedule")
         if any(name.startswith(DEPTHWISE_BLOCK) for name in blocks):
             return ("a depthwise convolution the depthwise template does not take (a channel "
-                    "count no vector of 4 or more lanes divides, or an epilogue that is not "
-                    "elementwise): the fallback rule vectorises its channels")
+                    "count no vector of 4 or more lanes divides, 16 for a u8 output, or an "
+                    "epilogue that is not elementwise): the fallback rule vectorises its "
+                    "channels")
         return "elementwise or data movement: memory-bound, no template needed"
     for gemm in gemms:
         shape = f"{gemm.shape.m}x{gemm.shape.n}x{gemm.shape.k}"
