@@ -229,14 +229,10 @@ def test_assembly_uses_the_isa_fma(target, register):
     assert re.search(rf"vfmadd\d+ps\s+[^\n]*%{register}", compiled.inspect_source("asm"))
 
 
-def test_qdq_depthwise_takes_the_template():
+def test_qdq_depthwise_takes_the_template(monkeypatch):
     """A QDQ depthwise convolution (dequantized input, u8 output) takes the template too, on
     at least 16 channels a vector (16 bytes of output), its result identical to the
     fallback's (same arithmetic, same order)."""
-    ort = pytest.importorskip("onnxruntime", reason="quantizes with onnxruntime (test extra)")
-    del ort
-    from tvm_hybrid.schedules.depthwise_template import DepthwiseTemplate as Template
-
     model, x = _model(c=32, size=(10, 12), epilogue="relu6")
     scale = np.float32(0.05)
     graph = model.graph
@@ -253,12 +249,8 @@ def test_qdq_depthwise_takes_the_template():
     kernels = [i for n, i in compiled.kernels.items() if "depthwise" in n]
     assert kernels and all(i.schedule == "template" and " x 16 channels" in i.detail
                            for i in kernels), kernels
-    saved = Template.heuristic
-    try:
-        Template.heuristic = lambda *args: None
-        fallback = tvm_hybrid.compile(model)
-    finally:
-        Template.heuristic = saved
+    monkeypatch.setattr(DepthwiseTemplate, "heuristic", lambda *args: None)
+    fallback = tvm_hybrid.compile(model)
     assert all(i.schedule == "fallback" for n, i in fallback.kernels.items()
                if "depthwise" in n)
     np.testing.assert_array_equal(np.asarray(compiled(x)), np.asarray(fallback(x)))

@@ -178,7 +178,7 @@ def _depthwise_flops(sch: s_tir.Schedule) -> float:
         if sch.get(block).name_hint.startswith(DEPTHWISE_BLOCK):
             shape = depthwise_shape(sch, block)
             if shape is not None:
-                return 2.0 * shape.rows * shape.width * shape.channels * shape.taps
+                return shape.flops
     return 0.0
 
 

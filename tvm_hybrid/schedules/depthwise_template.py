@@ -70,6 +70,11 @@ class DepthwiseShape:
     taps: int
     out_bytes: int = 4
 
+    @property
+    def flops(self) -> float:
+        """Arithmetic operations of one call: a multiply and an add per tap."""
+        return float(2 * self.rows * self.width * self.channels * self.taps)
+
 
 @dataclasses.dataclass(frozen=True)
 class DepthwiseKnobs:
@@ -186,8 +191,7 @@ class DepthwiseTemplate(Template):
         return schedule_depthwise(sch, workload, knobs)
 
     def flops(self, workload: DepthwiseWorkload) -> float:
-        s = workload.shape
-        return float(2 * s.rows * s.width * s.channels * s.taps)
+        return workload.shape.flops
 
     def variants(self, workload: DepthwiseWorkload, target: Target) -> list[DepthwiseKnobs]:
         x_block = default_x_block(workload.shape.width)
