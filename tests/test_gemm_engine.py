@@ -152,16 +152,19 @@ def test_microkernel_assembly(mcpu, register):
     target = {"kind": "llvm", "mcpu": mcpu, "mtriple": "x86_64-linux-gnu", "num-cores": 2}
     wl = workloads.gemm(64, 256, 128)
     model = tvm_hybrid.compile(wl.model, target=target)
-    loops = _hot_loops(model.inspect_source("asm"))
+    # Innermost loops only (no label inside): an outer loop holds the kernel's loop and, with
+    # 256 columns on Haswell's 24-column panels, the last panel's 16-column loop too.
+    loops = [b for b in _hot_loops(model.inspect_source("asm"))
+             if not re.search(r"^\.?L\w+:", b, flags=re.M)]
     assert loops, "no FMA loop in the GEMM kernel"
-    most = max(len(re.findall(r"vfmadd", b)) for b in loops)
-    # the innermost loop with the most FMAs (outer loops contain the same FMAs)
-    hot = min((b for b in loops if len(re.findall(r"vfmadd", b)) == most), key=len)
+    hot = max(loops, key=lambda b: len(re.findall(r"vfmadd", b)))
     fmas = re.findall(r"vfmadd231ps\s+(.*)", hot)
     assert len(fmas) >= 8, hot
     assert all(f"%{register}" in f for f in fmas), hot
     assert "vbroadcastss" in hot or "{1to" in hot, hot
-    assert "(%rsp)" not in hot and "(%rbp)" not in hot, f"register spill in the kernel loop:\n{hot}"
+    for loop in loops:
+        assert "(%rsp)" not in loop and "(%rbp)" not in loop, \
+            f"register spill in the kernel loop:\n{loop}"
 
 
 def test_microkernel_descriptions_fit_register_files():

@@ -106,8 +106,9 @@ class Microkernel:
         return self.registers_used <= self.num_registers
 
 
-#: ``(kernel, k) -> (description, implementation)`` PrimFuncs of one register tile over ``k``.
-TileFunctions = Callable[[Microkernel, int], tuple]
+#: ``(kernel, k, tail) -> (description, implementation)`` PrimFuncs of one register tile over
+#: ``k``; ``tail`` (a ``tiles.Tail`` or None): the last weight panel's used columns only.
+TileFunctions = Callable[[Microkernel, int, object], tuple]
 #: ``(kernel, mb, nb, k) -> (description, implementation)`` of an ``mb x nb`` block over ``k``.
 BlockFunctions = Callable[[Microkernel, int, int, int], tuple]
 

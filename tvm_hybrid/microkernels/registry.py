@@ -10,6 +10,7 @@ with ``s_tir.TensorIntrin`` once per shape).
 from __future__ import annotations
 
 import functools
+import inspect
 import re
 
 from tvm import s_tir
@@ -17,6 +18,7 @@ from tvm.target import Target
 
 from ..host import target_features
 from .kernel import Family, Microkernel
+from .tiles import Tail
 
 _FAMILIES: dict[tuple[str, str], Family] = {}
 
@@ -116,7 +118,8 @@ def family_of(kernel: Microkernel) -> Family:
     return _FAMILIES[(kernel.isa, kernel.in_dtype)]
 
 
-def tensor_intrin(kernel: Microkernel, k: int, block: tuple[int, int] | None = None) -> str:
+def tensor_intrin(kernel: Microkernel, k: int, block: tuple[int, int] | None = None,
+                  tail: Tail | None = None) -> str:
     """Register (once) and return the name of ``kernel``'s tensor intrinsic over ``k``.
 
     Parameters
@@ -127,23 +130,47 @@ def tensor_intrin(kernel: Microkernel, k: int, block: tuple[int, int] | None = N
         The reduction length covered by one call (the whole ``K`` of a GEMM).
     block
         ``(mb, nb)`` for per-block kernels (AMX): the rows and columns one call covers.
+    tail
+        For vector tiles on packed weights whose last panel is partly used: where that panel
+        starts and how many of its columns to compute (``tiles.Tail``).
     """
     if kernel.per_block != (block is not None):
         raise ValueError(f"{kernel.name}: a block size is needed exactly for per-block kernels")
-    return _register(kernel, int(k), tuple(int(b) for b in block) if block else None)
+    if tail is not None and (not supports_tail(kernel) or not 0 < tail.columns < kernel.nr):
+        raise ValueError(f"{kernel.name}: no tail of {tail.columns} columns")
+    return _register(kernel, int(k), tuple(int(b) for b in block) if block else None, tail)
+
+
+def supports_tail(kernel: Microkernel) -> bool:
+    """Whether ``kernel``'s family generates tail intrinsics (a vector family whose
+    ``tile_functions`` takes a third argument, the ``Tail``)."""
+    generate = family_of(kernel).tile_functions
+    if kernel.per_block or generate is None:
+        return False
+    try:
+        return len(inspect.signature(generate).parameters) >= 3
+    except (TypeError, ValueError):
+        return False
 
 
 @functools.cache
-def _register(kernel: Microkernel, k: int, block: tuple[int, int] | None) -> str:
+def _register(kernel: Microkernel, k: int, block: tuple[int, int] | None,
+              tail: Tail | None = None) -> str:
     family = family_of(kernel)
     if block is None:
-        name = f"{kernel.name}_k{k}"
-        desc, impl = family.tile_functions(kernel, k)
+        name = f"{kernel.name}_k{k}{tail.key if tail else ''}"
+        # A family without tails takes (kernel, k) only (supports_tail).
+        desc, impl = family.tile_functions(kernel, k) if tail is None else \
+            family.tile_functions(kernel, k, tail)
     else:
         name = f"{kernel.name}_b{block[0]}x{block[1]}_k{k}"
         desc, impl = family.block_functions(kernel, block[0], block[1], k)
     s_tir.TensorIntrin.register(name, desc, impl, override=True)
     return name
+
+
+#: What names one of our intrinsics: kernel, block, ``K`` and tail (:func:`tensor_intrin`).
+INTRIN_NAME = r"(hybrid_gemm_\w+?)(?:_b(\d+)x(\d+))?_k(\d+)(?:_t(\d+)at(\d+))?"
 
 
 def ensure_tensor_intrin(intrin_name: str) -> bool:
@@ -157,7 +184,7 @@ def ensure_tensor_intrin(intrin_name: str) -> bool:
     bool
         True when ``intrin_name`` is a tvm_hybrid microkernel intrinsic (now registered).
     """
-    found = re.fullmatch(r"(hybrid_gemm_\w+?)(?:_b(\d+)x(\d+))?_k(\d+)", intrin_name)
+    found = re.fullmatch(INTRIN_NAME, intrin_name)
     if not found:
         return False
     try:
@@ -167,5 +194,8 @@ def ensure_tensor_intrin(intrin_name: str) -> bool:
     block = (int(found.group(2)), int(found.group(3))) if found.group(2) else None
     if kernel.per_block != (block is not None):
         return False
-    tensor_intrin(kernel, int(found.group(4)), block)
+    tail = Tail(int(found.group(6)), int(found.group(5))) if found.group(5) else None
+    if tail is not None and (not supports_tail(kernel) or not 0 < tail.columns < kernel.nr):
+        return False
+    tensor_intrin(kernel, int(found.group(4)), block, tail)
     return True

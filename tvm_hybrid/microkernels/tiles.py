@@ -11,15 +11,67 @@ ISA's vector update). Their implementations broadcast one element (or group) of 
 and issue ``nr / lanes`` vector updates per row and ``k`` step; LLVM keeps the
 ``mr * nr / lanes`` accumulators in registers across the ``k`` loop (the assembly tests check:
 no spills).
+
+A :class:`Tail` makes an implementation branch once per call: on the last panel of the packed
+weights, of which the GEMM keeps only the first ``columns`` (``N`` padded to whole panels),
+it updates only the vectors covering them (fp32: whole vectors, then one of 4 or 8 lanes for
+the rest), so the padded columns cost no FMAs. Which panel a call reads is known from ``B``'s
+offset. The description is unchanged: the skipped accumulators stay zero, as the update with
+the panel's zero padding would leave them, and nothing reads them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from tvm.script import tirx as T
 
 from .kernel import Microkernel
+
+
+@dataclasses.dataclass(frozen=True)
+class Tail:
+    """The last panel of the packed weights, partly used: it starts at element ``offset`` of
+    ``B`` (``(N_padded / panel - 1) * K * panel``) and the GEMM keeps its first ``columns``."""
+
+    offset: int
+    columns: int
+
+    @property
+    def key(self) -> str:
+        """The intrinsic name's suffix."""
+        return f"_t{self.columns}at{self.offset}"
+
+
+def _branch(tail: Tail | None, full, partial):
+    """``full`` (a ``T.macro`` over ``A, B, C``), or with ``tail`` a macro running ``partial``
+    when ``B`` is the last panel and ``full`` otherwise."""
+    if tail is None:
+        return full
+    offset = tail.offset
+
+    @T.macro
+    def body(A, B, C):
+        if B.elem_offset >= offset:
+            partial(A, B, C)
+        else:
+            full(A, B, C)
+
+    return body
+
+
+def tail_pieces(kernel: Microkernel, columns: int, narrow: bool = True) -> tuple[int, int]:
+    """``(whole vectors, lanes of one narrower vector or 0)`` covering ``columns`` of a panel:
+    the rest after whole vectors takes a vector of 4 or 8 lanes where ``narrow`` (fp32: an
+    xmm or ymm in a zmm kernel) and narrower than the kernel's, else one more whole vector."""
+    whole, rest = divmod(min(columns, kernel.nr), kernel.lanes)
+    if not rest:
+        return whole, 0
+    piece = max(4, 1 << (rest - 1).bit_length())
+    if not narrow or piece >= kernel.lanes:
+        return whole + 1, 0
+    return whole, piece
 
 
 def tile_function(a_shape: tuple, b_shape: tuple, b_strides: tuple, dtypes: tuple[str, ...],
@@ -75,13 +127,15 @@ def reference_update(mr: int, nr: int, kc: int, acc: str, b_at: Callable, cast: 
     return one_row if mr == 1 else body
 
 
-def broadcast_fma(kernel: Microkernel, kc: int):
+def broadcast_fma(kernel: Microkernel, kc: int, columns: int | None = None):
     """The vector body of an ``mr x nr`` fp32 tile over ``kc`` steps, a ``T.macro`` over
     ``A[mr, kc]``, ``B[kc, nr]`` and ``C[mr, nr]`` (any strides): per ``k`` and row, one
     element of ``A`` broadcast and ``nr / lanes`` FMAs with ``B``'s row. The tile intrinsics
-    below and the fused attention kernel (``schedules/attention``) share it."""
+    below and the fused attention kernel (``schedules/attention``) share it.
+
+    ``columns``: only the vectors covering the first ``columns`` (:func:`tail_pieces`)."""
     mr, lanes = kernel.mr, kernel.lanes
-    vectors = kernel.nr // lanes
+    vectors, piece = (kernel.nr // lanes, 0) if columns is None else tail_pieces(kernel, columns)
 
     @T.macro
     def body(A, B, C):
@@ -92,24 +146,46 @@ def broadcast_fma(kernel: Microkernel, kc: int):
                         i, T.ramp(v * lanes, 1, lanes)
                     ] + T.broadcast(A[i, kk], lanes) * B[kk, T.ramp(v * lanes, 1, lanes)]
 
-    return body
+    start = vectors * lanes
+
+    @T.macro
+    def with_piece(A, B, C):  # the whole vectors, then one of ``piece`` lanes
+        for kk in T.serial(kc):
+            for i in T.unroll(mr):
+                for v in T.unroll(vectors):
+                    C[i, T.ramp(v * lanes, 1, lanes)] = C[
+                        i, T.ramp(v * lanes, 1, lanes)
+                    ] + T.broadcast(A[i, kk], lanes) * B[kk, T.ramp(v * lanes, 1, lanes)]
+                C[i, T.ramp(start, 1, piece)] = C[i, T.ramp(start, 1, piece)] + T.broadcast(
+                    A[i, kk], piece) * B[kk, T.ramp(start, 1, piece)]
+
+    return with_piece if piece else body
 
 
-def plain_tile_functions(kernel: Microkernel, kc: int):
-    """The (description, implementation) pair of an ``mr x nr`` fp32 tile over ``kc`` steps."""
+def plain_tile_functions(kernel: Microkernel, kc: int, tail: Tail | None = None):
+    """The (description, implementation) pair of an ``mr x nr`` fp32 tile over ``kc`` steps
+    (with ``tail``: the last panel's used columns only, module docstring)."""
     mr, nr, dtype = kernel.mr, kernel.nr, kernel.in_dtype
     buffers = ((mr, kc), (kc, nr), (1,), (dtype, dtype, dtype), (mr, nr))
     desc = reference_update(mr, nr, kc, dtype, lambda B, j, k: B[k, j], cast=False)
-    return tile_function(*buffers, desc), tile_function(*buffers, broadcast_fma(kernel, kc))
+    impl = _branch(tail, broadcast_fma(kernel, kc),
+                   broadcast_fma(kernel, kc, tail.columns) if tail else None)
+    return tile_function(*buffers, desc), tile_function(*buffers, impl)
 
 
-def grouped_updates(kernel: Microkernel, kc: int, update, annotations=None):
+def grouped_updates(kernel: Microkernel, kc: int, update, annotations=None,
+                    columns: int | None = None):
     """The vector body of an ``mr x nr`` tile of a grouped family over ``kc`` steps, a
     ``T.macro`` over ``A[mr, kc]``, ``B[kc / group, nr, group]`` and ``C[mr, nr]`` (any
     strides): per group of ``k``, row and vector, ``C = update(C, A, B, i, g, v)``. The tile
-    intrinsics below and the quantized attention kernel (``schedules/attention``) share it."""
+    intrinsics below and the quantized attention kernel (``schedules/attention``) share it.
+
+    ``columns``: only the whole vectors covering the first ``columns`` (an ISA's ``update``
+    is written for its full vector)."""
     mr, lanes = kernel.mr, kernel.lanes
-    rows, vectors = kc // kernel.k_step, kernel.nr // lanes
+    rows = kc // kernel.k_step
+    vectors = kernel.nr // lanes if columns is None else \
+        tail_pieces(kernel, columns, narrow=False)[0]
 
     @T.macro
     def body(A, B, C):
@@ -123,7 +199,7 @@ def grouped_updates(kernel: Microkernel, kc: int, update, annotations=None):
 
 
 def grouped_tile_functions(kernel: Microkernel, kc: int, b_dtype: str, update,
-                           annotations=None):
+                           annotations=None, tail: Tail | None = None):
     """The (description, implementation) pair of a tile whose ``B`` is packed with ``group =
     kernel.k_step`` consecutive ``k``::
 
@@ -131,11 +207,15 @@ def grouped_tile_functions(kernel: Microkernel, kc: int, b_dtype: str, update,
 
     The implementation runs, per group of ``k``, row and vector of ``lanes`` accumulators,
     ``C = update(C, A, B, i, g, v)``, where ``update`` returns the vector expression of one
-    ISA's instructions (VNNI: group 4; s16 and bf16: 2).
+    ISA's instructions (VNNI: group 4; s16 and bf16: 2). With ``tail``, the last panel's used
+    columns only (module docstring).
     """
     mr, nr, group = kernel.mr, kernel.nr, kernel.k_step
     rows = kc // group
-    vector_updates = grouped_updates(kernel, kc, update, annotations)
+    vector_updates = _branch(
+        tail, grouped_updates(kernel, kc, update, annotations),
+        # The annotations (an LLVM import) once per function: the full branch carries them.
+        grouped_updates(kernel, kc, update, None, tail.columns) if tail else None)
     buffers = ((mr, kc), (rows, nr, group), (group, 1),
                (kernel.in_dtype, b_dtype, kernel.acc_dtype), (mr, nr))
     desc = reference_update(mr, nr, kc, kernel.acc_dtype,

@@ -25,6 +25,7 @@ from tvm.target import Target
 from ..errors import TuningRecordsError, first_line
 from ..host import target_to_dict
 from ..microkernels import ensure_tensor_intrin
+from ..microkernels.registry import INTRIN_NAME
 from .attention import AttentionRecord
 from .search import SearchState, Trial
 from .space import knobs_from_dict
@@ -211,8 +212,8 @@ def _task_from_json(item: dict) -> TaskRecords:
     best = None
     if item.get("best") is not None:
         # Reading a trace checks its tensor intrinsics exist: register ours first.
-        for name in set(re.findall(r"hybrid_gemm_\w+?_k\d+", json.dumps(item["best"]))):
-            ensure_tensor_intrin(name)
+        for found in re.finditer(INTRIN_NAME, json.dumps(item["best"])):
+            ensure_tensor_intrin(found.group(0))
         best = ms.database.TuningRecord.from_json(item["best"], workload)
     state = SearchState(heuristic_key=item.get("heuristic"))
     for trial in item.get("measured", []):

@@ -11,7 +11,7 @@ from tvm.script import tirx as T
 
 from ..kernel import Family, Microkernel, vector_tiles
 from ..registry import register_family
-from ..tiles import grouped_tile_functions
+from ..tiles import Tail, grouped_tile_functions
 
 #: ``vdpbf16ps`` takes ``<32 x bfloat>`` operands, a type TIR cannot express: this LLVM IR,
 #: linked into the module through the ``pragma_import_llvm`` loop annotation, takes them as
@@ -55,12 +55,12 @@ def dpbf16_update(kernel: Microkernel, a_words: bool = False, b_words: bool = Fa
     return update
 
 
-def bf16_tile_functions(kernel: Microkernel, kc: int):
+def bf16_tile_functions(kernel: Microkernel, kc: int, tail: Tail | None = None):
     """``C[mr, nr] (f32) += A[mr, kc] (bf16) * B[kc / 2, nr, 2] (bf16)`` with ``vdpbf16ps``."""
     if kc % 2:
         raise ValueError(f"the bf16 microkernel needs an even K, got K = {kc}")
     return grouped_tile_functions(kernel, kc, "bfloat16", dpbf16_update(kernel),
-                                  {"pragma_import_llvm": DPBF16PS_IR})
+                                  {"pragma_import_llvm": DPBF16PS_IR}, tail)
 
 
 AVX512_BF16 = register_family(Family(

@@ -13,7 +13,7 @@ from tvm.script import tirx as T
 
 from ..kernel import Family, Microkernel, vector_tiles
 from ..registry import register_family
-from ..tiles import grouped_tile_functions
+from ..tiles import Tail, grouped_tile_functions
 from .bf16_dot import pair_operands
 
 
@@ -38,12 +38,13 @@ def widening_update(kernel: Microkernel, a_words: bool = False, b_words: bool = 
     return update
 
 
-def bf16_widening_tile_functions(kernel: Microkernel, kc: int):
+def bf16_widening_tile_functions(kernel: Microkernel, kc: int, tail: Tail | None = None):
     """``C[mr, nr] (f32) += A[mr, kc] (bf16) * B[kc / 2, nr, 2] (bf16)`` with fp32 FMAs
     (:func:`widening_update`)."""
     if kc % 2:
         raise ValueError(f"the bf16 microkernel needs an even K, got K = {kc}")
-    return grouped_tile_functions(kernel, kc, "bfloat16", widening_update(kernel))
+    return grouped_tile_functions(kernel, kc, "bfloat16", widening_update(kernel),
+                                  tail=tail)
 
 
 #: Logged when the family is chosen: the CPU has no bf16 dot product.

@@ -23,13 +23,13 @@ from tvm.script import tirx as T
 
 from ..kernel import Family, Microkernel, vector_tiles
 from ..registry import register_family
-from ..tiles import grouped_tile_functions
+from ..tiles import Tail, grouped_tile_functions
 
 #: The largest ``|b0| + |b1|`` over pairs of adjacent ``k`` for which the sequence is exact.
 PAIR_BOUND = 128
 
 
-def maddubs_tile_functions(kernel: Microkernel, kc: int):
+def maddubs_tile_functions(kernel: Microkernel, kc: int, tail: Tail | None = None):
     """``C[mr, nr] (s32) += A[mr, kc] (u8) * B[kc / 4, nr, 4] (s8)`` with ``vpmaddubsw`` and
     ``vpmaddwd``, exact for weights within :data:`PAIR_BOUND` (module docstring)."""
     if kc % 4:
@@ -45,7 +45,7 @@ def maddubs_tile_functions(kernel: Microkernel, kc: int):
         return acc + T.call_llvm_pure_intrin(f"int32x{lanes}", "llvm.x86.avx2.pmadd.wd", pairs,
                                              T.broadcast(T.int16(1), lanes * 2))
 
-    return grouped_tile_functions(kernel, kc, "int8", update)
+    return grouped_tile_functions(kernel, kc, "int8", update, tail=tail)
 
 
 AVX2_MADDUBS = register_family(Family(

@@ -18,7 +18,7 @@ from tvm.script import tirx as T
 
 from ..kernel import Family, Microkernel, vector_tiles
 from ..registry import register_family
-from ..tiles import grouped_tile_functions
+from ..tiles import Tail, grouped_tile_functions
 
 
 def s16_update(kernel: Microkernel, a_words: bool = False, b_words: bool = False):
@@ -44,7 +44,7 @@ def s16_update(kernel: Microkernel, a_words: bool = False, b_words: bool = False
     return update
 
 
-def s16_tile_functions(kernel: Microkernel, kc: int):
+def s16_tile_functions(kernel: Microkernel, kc: int, tail: Tail | None = None):
     """``C[mr, nr] (s32) += A[mr, kc] (s16) * B[kc / 2, nr, 2] (s16)`` with ``vpmaddwd``.
 
     Per pair of ``k`` and row: the two s16 of ``A`` broadcast to every 32-bit lane; per 8
@@ -55,7 +55,7 @@ def s16_tile_functions(kernel: Microkernel, kc: int):
     if kc % 2 or nr % kernel.lanes:
         raise ValueError(f"the s16 tile needs an even K and nr % {kernel.lanes} == 0; "
                          f"got {kc}, {nr}")
-    return grouped_tile_functions(kernel, kc, "int16", s16_update(kernel))
+    return grouped_tile_functions(kernel, kc, "int16", s16_update(kernel), tail=tail)
 
 
 AVX2_S16 = register_family(Family(

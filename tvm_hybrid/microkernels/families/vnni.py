@@ -12,7 +12,7 @@ from tvm.script import tirx as T
 
 from ..kernel import Family, Microkernel, vector_tiles
 from ..registry import register_family
-from ..tiles import grouped_tile_functions
+from ..tiles import Tail, grouped_tile_functions
 
 
 def vnni_update(kernel: Microkernel, a_words: bool = False, b_words: bool = False):
@@ -40,11 +40,11 @@ def vnni_update(kernel: Microkernel, a_words: bool = False, b_words: bool = Fals
     return update
 
 
-def vnni_tile_functions(kernel: Microkernel, kc: int):
+def vnni_tile_functions(kernel: Microkernel, kc: int, tail: Tail | None = None):
     """``C[mr, nr] (s32) += A[mr, kc] (u8) * B[kc / 4, nr, 4] (s8)`` with ``vpdpbusd``."""
     if kc % 4:
         raise ValueError(f"the VNNI microkernel needs K % 4 == 0, got K = {kc}")
-    return grouped_tile_functions(kernel, kc, "int8", vnni_update(kernel))
+    return grouped_tile_functions(kernel, kc, "int8", vnni_update(kernel), tail=tail)
 
 
 AVX512_VNNI = register_family(Family(

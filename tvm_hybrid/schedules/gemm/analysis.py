@@ -10,7 +10,9 @@ A covered block computes ``C[..., i, j] += A[..., i, k] * B[...]`` either
 * in fp32 from bf16 ``A`` and ``B`` (``C += float32(A) * float32(B)``), with ``B`` packed in
   pairs by ``passes/bf16.py``, ``B[j // nr, k // 2, j % nr, k % 2]``.
 
-Leading spatial axes are batch axes; the single reduction axis is ``k``.
+Leading spatial axes are batch axes; the single reduction axis is ``k``. A prepacked GEMM's
+``N`` is padded to whole panels; :func:`used_columns` finds how many its consumer keeps (the
+template's tail, ``microkernels/tiles.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import dataclasses
 
 import tvm.ir.expr as ir_expr
 import tvm.ir.prim.expr as prim
+import tvm_ffi
 from tvm import s_tir, tirx
 
 from .heuristics import GemmShape
@@ -32,6 +35,9 @@ class GemmBlock:
     shape: GemmShape
     packed_nr: int | None  # the panel width when B is prepacked, else None
     dtype: str  # the dtype of A: "float32", "uint8" (VNNI), "int16" (AVX2 integer) or "bfloat16"
+    #: Of the ``N`` columns (packed: padded to whole panels), those the consumer reads when
+    #: fewer (:func:`used_columns`); None: all.
+    columns: int | None = None
 
 
 def match_gemm(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> GemmBlock | None:
@@ -94,18 +100,51 @@ def match_gemm(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> GemmBlock
         if packed_nr is None:
             return None
         return GemmBlock(block, GemmShape(batch, m, n, k_len, itemsize=4 // group), packed_nr,
-                         a_dtype)
+                         a_dtype, used_columns(sch, block, n))
     if widened:  # bf16 operands, fp32 accumulation: B packed with K in pairs
         packed_nr = _pair_width(b_load.indices, j, k)
         a_dtype, b_dtype = str(a_load.source.dtype), str(b_load.source.dtype)
         if packed_nr is None or (a_dtype, b_dtype) != ("bfloat16", "bfloat16") or k_len % 2:
             return None
         return GemmBlock(block, GemmShape(batch, m, n, k_len, itemsize=2), packed_nr,
-                         "bfloat16")
+                         "bfloat16", used_columns(sch, block, n))
     packed_nr = _packed_width(b_load.indices, j, k)
     if packed_nr is None and not _ends_with(b_load.indices, [k, j]):
         return None
-    return GemmBlock(block, GemmShape(batch, m, n, k_len), packed_nr, "float32")
+    columns = used_columns(sch, block, n) if packed_nr is not None else None
+    return GemmBlock(block, GemmShape(batch, m, n, k_len), packed_nr, "float32", columns)
+
+
+def used_columns(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, n: int) -> int | None:
+    """How many of the ``n`` columns of ``block``'s output its consumer reads, when fewer and
+    provably so; else None.
+
+    A packed GEMM's output has ``N`` padded to whole panels and one consumer, the block that
+    slices the padding off (or compensates, for integer GEMMs), reading ``acc[..., j]`` at its
+    own last iteration variable, whose extent is the kept ``N``. Anything else (several
+    consumers, other indices, an output parameter) keeps all ``n`` columns.
+    """
+    consumers = sch.get_consumers(block)
+    if len(consumers) != 1:
+        return None
+    buffer = sch.get(block).writes[0].source
+    # An intermediate is allocated by the root block; anything else is a parameter.
+    if not any(b.same_as(buffer) for b in sch.get(sch.get_sblock("root")).alloc_buffers):
+        return None
+    consumer = sch.get(consumers[0])
+    last = consumer.iter_vars[-1] if consumer.iter_vars else None
+    loads = []
+    tvm_ffi.structural_walk(consumer.body, [(ir_expr.TensorLoad, loads.append)])
+    loads = [x for x in loads if x.source.same_as(buffer)]
+    if last is None or not loads or not all(
+            len(x.indices) == len(buffer.shape) and x.indices[-1].same_as(last.var)
+            for x in loads):
+        return None
+    extent = last.dom.extent
+    if not isinstance(extent, prim.IntImm) or not isinstance(last.dom.min, prim.IntImm) \
+            or int(last.dom.min.value) != 0:
+        return None
+    return int(extent.value) if int(extent.value) < n else None
 
 
 def _is_load_of(expr, buffer) -> bool:

@@ -28,6 +28,12 @@ decisions, so a tuner can search exactly these knobs); the microkernel comes fro
 the same function (the fusion group's epilogue) are inlined into the tile's write-back, or
 computed at the tile (the paper's "anchor") when they cannot be inlined, e.g. the slice that
 drops the packing's padded columns. ``space.py`` is the knob space a tuner searches.
+
+**Tails.** ``M`` and ``N`` are whole tiles: the packing passes pad ``N`` to whole panels (and
+``M`` to whole rows of a better tile, ``heuristics.padded_rows``). The padded columns cost no
+FMAs: where the consumer keeps fewer than ``N`` (``analysis.used_columns``), the microkernel
+branches on the last panel and updates only the vectors covering its used columns
+(:func:`gemm_tail`; a 197 x 97 GEMM on 32-column panels computes 100 columns, not 128).
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ from tvm.target import Target
 
 from ...host import cache_sizes, target_features
 from ...microkernels import Microkernel, has_gemm_kernels, microkernel_by_name, tensor_intrin
+from ...microkernels.registry import supports_tail
+from ...microkernels.tiles import Tail
 from ..accumulate import (
     accumulate_in_tile,
     attach_accumulator,
@@ -231,8 +239,11 @@ def tensorize_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
     else:
         tile, init_at, ii = loops[2], loops[3], loops[3]
     decompose_accumulator(sch, gemm.block, tile, init_at, kernel.lanes)
-    sch.tensorize(ii, tensor_intrin(kernel, knobs.k_block or gemm.shape.k))
+    tail = gemm_tail(gemm, kernel)
+    sch.tensorize(ii, tensor_intrin(kernel, knobs.k_block or gemm.shape.k, tail=tail))
     blocked = f", K blocks of {knobs.k_block}" if knobs.k_block else ""
+    if tail is not None:
+        blocked += f", last panel {tail.columns} of {kernel.nr} columns"
     # Visible in the scheduled TIR (CompiledModel.lowered), for users and tests. The block
     # sizes are left out: they are decisions a tuner may change after this string is written
     # (they show as the loop extents).
@@ -240,6 +251,20 @@ def tensorize_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
                  f"{kernel.isa} {kernel.mr}x{kernel.nr} microkernel, order {knobs.order}, "
                  f"K={gemm.shape.k}{blocked}")
     return tile
+
+
+def gemm_tail(gemm: GemmBlock, kernel: Microkernel) -> Tail | None:
+    """The microkernel's tail for ``gemm`` (module docstring): where the last packed panel
+    starts in ``B`` and how many of its columns the consumer keeps; None when it keeps all
+    (or ``B`` is not packed in ``kernel``'s panels, or its family has no tail intrinsics)."""
+    panel = kernel.panel_width
+    if gemm.columns is None or not supports_tail(kernel) or gemm.packed_nr != kernel.nr \
+            or panel != kernel.nr or gemm.shape.n % panel:
+        return None
+    used = gemm.columns - (gemm.shape.n - panel)
+    if not 0 < used < panel:
+        return None
+    return Tail((gemm.shape.n // panel - 1) * gemm.shape.k * panel, used)
 
 
 def schedule_block_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
