@@ -192,3 +192,28 @@ def test_a_family_without_tails_computes_the_whole_panel(monkeypatch):
     assert gemm.columns == 20 and gemm_tail(gemm, kernel) is None
     with pytest.raises(ValueError, match="no tail"):
         tensor_intrin(kernel, 16, tail=Tail(256, 4))
+
+
+def test_tuned_tail_records_replay_in_a_fresh_process(tmp_path):
+    """Records of a tuned GEMM with a tail name its tail intrinsic; a new process (where it
+    is not registered yet) compiles with them to the same numbers."""
+    import subprocess
+    import sys
+
+    from tvm_hybrid.tuning import tune
+
+    wl = workloads.gemm(24, 40, 16)
+    onnx_path = tmp_path / "gemm.onnx"
+    onnx_path.write_bytes(wl.model.SerializeToString())
+    records = tune(wl.model, "host", trials=2, work_dir=tmp_path / "tune", progress=False)
+    assert re.search(r"_k16_t\d+at\d+", records.read_text()), "no tail in the records"
+    np.save(tmp_path / "a.npy", wl.inputs["a"])
+    script = (
+        "import sys, numpy as np, tvm_hybrid\n"
+        f"m = tvm_hybrid.compile({str(onnx_path)!r}, tuning_records={str(records)!r})\n"
+        "assert any('last panel' in i.detail for i in m.kernels.values())\n"
+        f"np.save({str(tmp_path / 'out.npy')!r}, m(np.load({str(tmp_path / 'a.npy')!r})))\n")
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=300)
+    want = wl.inputs["a"].astype(np.float64) @ numpy_helper.to_array(
+        wl.model.graph.initializer[0]).astype(np.float64)
+    assert_close(np.load(tmp_path / "out.npy"), want, 1e-5)
