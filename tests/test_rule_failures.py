@@ -37,7 +37,8 @@ def _elementwise_func():
 def broken_microkernel(monkeypatch):
     """The GEMM template tensorizes with an intrinsic for another K: TVM's tensorize fails."""
     real = gemm_template.tensor_intrin
-    monkeypatch.setattr(gemm_template, "tensor_intrin", lambda kernel, k: real(kernel, k + 8))
+    monkeypatch.setattr(gemm_template, "tensor_intrin",
+                        lambda kernel, k, **kw: real(kernel, k + 8))
 
 
 def test_strict_mode_reads_the_variable(monkeypatch):

@@ -240,7 +240,9 @@ def tensorize_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
         tile, init_at, ii = loops[2], loops[3], loops[3]
     decompose_accumulator(sch, gemm.block, tile, init_at, kernel.lanes)
     tail = gemm_tail(gemm, kernel)
-    sch.tensorize(ii, tensor_intrin(kernel, knobs.k_block or gemm.shape.k, tail=tail))
+    k = knobs.k_block or gemm.shape.k
+    sch.tensorize(ii, tensor_intrin(kernel, k) if tail is None else
+                  tensor_intrin(kernel, k, tail=tail))
     blocked = f", K blocks of {knobs.k_block}" if knobs.k_block else ""
     if tail is not None:
         blocked += f", last panel {tail.columns} of {kernel.nr} columns"
