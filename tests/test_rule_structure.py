@@ -266,6 +266,101 @@ def direct_conv_scheduled(X: T.Buffer((1, 4, 10, 8), "float32"), W: T.Buffer((1,
                         direct_conv[v0, v1, v2, v3] = direct_conv_local[v0, v1, v2, v3]
 
 
+@T.prim_func(s_tir=True)
+def odd_rows(A: T.Buffer((4, 37), "float32"), C: T.Buffer((4, 37), "float32")):
+    T.func_attr({"tirx.noalias": True})
+    for i, j in T.grid(4, 37):
+        with T.sblock("C"):
+            v_i, v_j = T.axis.remap("SS", [i, j])
+            C[v_i, v_j] = T.exp(A[v_i, v_j])
+
+
+@T.prim_func(s_tir=True)
+def odd_rows_scheduled(A: T.Buffer((4, 37), "float32"), C: T.Buffer((4, 37), "float32")):
+    T.func_attr({"tirx.noalias": True})
+    for ax0 in range(4):
+        with T.sblock("C_ax1_common"):
+            T.reads()
+            T.writes()
+            with T.sblock("C_ax10_partition"):
+                T.reads()
+                T.writes()
+                for ax10_0 in range(4):
+                    for ax10_1 in T.vectorized(8):
+                        with T.sblock("C_ax10"):
+                            v0 = T.axis.spatial(4, ax0)
+                            v1 = T.axis.spatial(32, ax10_0 * 8 + ax10_1)
+                            T.reads(A[0:4, 0:32])
+                            T.writes(C[0:4, 0:32])
+                            C[v0, v1] = T.exp(A[v0, v1])
+            with T.sblock("C_ax11_partition"):
+                T.reads()
+                T.writes()
+                for ax11 in range(32, 37):
+                    with T.sblock("C_ax11"):
+                        v0, v1 = T.axis.remap("SS", [ax0, ax11])
+                        T.reads(A[0:4, 32:37])
+                        T.writes(C[0:4, 32:37])
+                        C[v0, v1] = T.exp(A[v0, v1])
+
+
+@T.prim_func(s_tir=True)
+def odd_row_sum(A: T.Buffer((4, 101), "float32"), C: T.Buffer((4,), "float32")):
+    T.func_attr({"tirx.noalias": True})
+    for i, k in T.grid(4, 101):
+        with T.sblock("C"):
+            v_i, v_k = T.axis.remap("SR", [i, k])
+            with T.init():
+                C[v_i] = T.float32(0.0)
+            C[v_i] = C[v_i] + A[v_i, v_k]
+
+
+@T.prim_func(s_tir=True)
+def odd_row_sum_scheduled(A: T.Buffer((4, 101), "float32"), C: T.Buffer((4,), "float32")):
+    T.func_attr({"tirx.noalias": True})
+    C_rf = T.sblock_alloc_buffer((4, 16))
+    for ax0_fused in range(4):
+        for ax1_1_init in range(16):
+            with T.sblock("C_rf_init"):
+                vax1_1, v0 = T.axis.remap("SS", [ax1_1_init, ax0_fused])
+                T.reads()
+                T.writes(C_rf[v0, vax1_1])
+                C_rf[v0, vax1_1] = T.float32(0.0)
+        with T.sblock("C_rf_update_ax1_0_common"):
+            T.reads()
+            T.writes()
+            with T.sblock("C_rf_update_ax1_00_partition"):
+                T.reads()
+                T.writes()
+                for ax1_00 in range(6):
+                    for ax1_1 in T.unroll(16):
+                        with T.sblock("C_rf_update_ax1_00"):
+                            vax1_1, v0, vax1_0 = T.axis.remap("SSR", [ax1_1, ax0_fused, ax1_00])
+                            T.where(ax1_00 * 16 + ax1_1 < 101)
+                            T.reads(C_rf[0:4, 0:16], A[v0, vax1_0 * 16 + vax1_1])
+                            T.writes(C_rf[0:4, 0:16])
+                            C_rf[v0, vax1_1] = C_rf[v0, vax1_1] + A[v0, vax1_0 * 16 + vax1_1]
+            with T.sblock("C_rf_update_ax1_01_partition"):
+                T.reads()
+                T.writes()
+                for ax1_01 in range(6, 7):
+                    for ax1_1 in range(16):
+                        with T.sblock("C_rf_update_ax1_01"):
+                            vax1_1, v0, vax1_0 = T.axis.remap("SSR", [ax1_1, ax0_fused, ax1_01])
+                            T.where(ax1_01 * 16 + ax1_1 < 101)
+                            T.reads(C_rf[0:4, 0:16], A[v0, vax1_0 * 16 + vax1_1])
+                            T.writes(C_rf[0:4, 0:16])
+                            C_rf[v0, vax1_1] = C_rf[v0, vax1_1] + A[v0, vax1_0 * 16 + vax1_1]
+    for ax0_fused, ax1_1 in T.grid(4, 16):
+        with T.sblock("C"):
+            vax1_1, v0 = T.axis.remap("RS", [ax1_1, ax0_fused])
+            T.reads(C_rf[v0, vax1_1])
+            T.writes(C[v0])
+            with T.init():
+                C[v0] = T.float32(0.0)
+            C[v0] = C[v0] + C_rf[v0, vax1_1]
+
+
 def test_parallel_vectorize_structure():
     _same(ParallelVectorize().apply(elementwise, HASWELL, False), elementwise_scheduled)
     _same(ParallelVectorize().apply(relu_3d, HASWELL, False), relu_3d_scheduled)
@@ -276,6 +371,27 @@ def test_parallel_vectorize_structure():
     dynamic = te.create_prim_func([a, te.compute(a.shape, lambda *i: a(*i) * 2.0)])
     script = ParallelVectorize().apply(dynamic, HASWELL, False).mod.script()
     assert "T.parallel(n * T.int64(2048))" in script, script
+
+
+def test_parallel_vectorize_splits_rows_no_vector_divides():
+    """37 columns: 4 vectors of 8 and 5 scalars (vectorising all 37 behind a guard, TVM
+    scalarises every lane); a 101-element row sum: 16 partial sums over 6 whole vectors,
+    unrolled, the last 5 elements apart. Then a softmax over 6625 classes (ocr_rec's output)
+    runs within 1e-5 of numpy."""
+    _same(ParallelVectorize().apply(odd_rows, HASWELL, False), odd_rows_scheduled)
+    _same(ParallelVectorize().apply(odd_row_sum, HASWELL, False), odd_row_sum_scheduled)
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Softmax", ["x"], ["y"], axis=-1)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [40, 6625])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [40, 6625])])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = 8
+    x = (np.random.default_rng(0).standard_normal((40, 6625)) * 4).astype("float32")
+    e = np.exp(x.astype(np.float64) - x.max(-1, keepdims=True))
+    got = tvm_hybrid.compile(proto)(x)
+    np.testing.assert_allclose(got, e / e.sum(-1, keepdims=True), rtol=0, atol=1e-5)
 
 
 def test_parallel_vectorize_unrolls_a_transposing_copy():

@@ -12,7 +12,9 @@ runs single-threaded and scalar, as stock TVM 0.27 does on CPU. Per function:
    the elementwise epilogue (bias, activation) is inlined into the tile's write-back.
 3. Every other block: spatial loops outermost, enough leading ones fused for a parallel loop,
    the rest serial inside it; the innermost loop vectorised when it is the contiguous axis of
-   the written buffer and of every buffer read; reductions stay serial per output. A
+   the written buffer and of every buffer read (one no vector width divides is split: its
+   whole vectors vectorised, the few elements left scalar); row reductions run ``lanes``
+   partial results, vectorised, or unrolled where no vector divides the row. A
    transposing copy (a read whose contiguous axis is not the written one: NCHW to NHWC, a
    channel shuffle) would vectorise to per-lane gathers instead: its innermost loop is
    unrolled in chunks for LLVM's SLP vectoriser.
@@ -92,8 +94,8 @@ def schedule_blocks(sch: s_tir.Schedule, target: Target, done: set[str]) -> None
             return
         block = pending[0]
         done.add(sch.get(block).name_hint)
-        if not sch.get_loops(block):
-            continue
+        if not sch.get_loops(block) or not sch.get(block).writes:
+            continue  # (no writes: the wrapper of a partitioned loop, _vectorize_most)
         info = get_sblock_info(sch, block)
         if not info.is_reduction():
             _schedule_spatial(sch, block, target)
@@ -286,6 +288,8 @@ def _schedule_row_reduction(sch, block, info: SBlockInfo, lanes: int = 16) -> li
     extent = _const_extent(sch, reduce[-1]) if len(reduce) == 1 else None
     if extent is not None and extent % lanes == 0 and extent >= 2 * lanes:
         return _vectorize_reduction(sch, block, lanes)
+    if extent is not None and extent >= 4 * lanes:
+        return _unroll_reduction(sch, block, extent, lanes)
     return []
 
 
@@ -346,6 +350,28 @@ def _vectorize_reduction(sch, block, lanes: int) -> list[str]:
         return []
 
 
+def _unroll_reduction(sch, block, extent: int, lanes: int) -> list[str]:
+    """:func:`_vectorize_reduction` for a row no vector divides (6625 classes): ``lanes``
+    partial results over the whole vectors of the row, unrolled (LLVM keeps the ``lanes``
+    independent chains in flight; TVM does not vectorise a loop under the reduction of a
+    partitioned block), the last elements on their own."""
+    try:
+        out_dims = len(sch.get(block).writes[0].region)
+        *_, reduce = sch.get_loops(block)
+        outer, inner = sch.split(reduce, [None, lanes])
+        partial = sch.rfactor(inner, factor_axis=out_dims)
+        *_, outer, _ = sch.get_loops(partial)
+        init = sch.decompose_reduction(partial, outer)
+        update = sch.get(partial).name_hint
+        main, _rest = sch.loop_partition(outer, [extent // lanes, None])
+        *_, lane = sch.get_loops(sch.get_child_blocks(main)[0])
+        sch.unroll(lane)
+        return [sch.get(init).name_hint, update]
+    except s_tir.ScheduleError as err:
+        logger.debug("reduction left scalar: %s", err)
+        return []
+
+
 def _schedule_spatial(sch, block, target: Target) -> None:
     loops = sch.get_loops(block)
     stmt = sch.get(block)
@@ -363,12 +389,27 @@ def _schedule_spatial(sch, block, target: Target) -> None:
     if inner_ext is not None:
         width = next((w for w in (lanes, lanes // 2, lanes // 4) if w > 1 and inner_ext % w == 0),
                      None)
+        if width is None and inner_ext >= 2 * lanes and \
+                (_product([_const_extent(sch, lp) for lp in loops[:-1]]) or 0) >= 2:
+            _vectorize_most(sch, loops, inner_ext, lanes, worth)
+            return
         if width is not None:
             rest, vec = sch.split(inner, [None, width])
             loops = [*loops[:-1], rest]
     _parallel_leading(sch, loops, worth)
     if vec is not None:
         sch.vectorize(vec)
+
+
+def _vectorize_most(sch, loops, inner_ext: int, lanes: int, worth: bool) -> None:
+    """An innermost loop no vector width divides (a softmax over 6625 classes): split in two
+    loops, the whole vectors vectorised and the few elements left scalar; the loops outside
+    parallel. (Vectorising with a guard on the last vector made TVM scalarise every lane: a
+    40 x 6625 softmax's exponentials ran 5x slower than 40 x 6624's.)"""
+    _parallel_leading(sch, loops[:-1], worth)
+    main, _rest = sch.loop_partition(loops[-1], [inner_ext - inner_ext % lanes, None])
+    _, vec = sch.split(main, [None, lanes])
+    sch.vectorize(vec)
 
 
 def _reads_follow(block, var) -> bool:
