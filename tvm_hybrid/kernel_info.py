@@ -229,6 +229,7 @@ def template_hint(func: tirx.PrimFunc, target) -> str:
         if not microkernels_for(target, gemm.dtype):
             return f"GEMM {shape} on {gemm.dtype}: this target has no such microkernel"
         if not candidate_kernels(gemm, target):
-            return (f"GEMM {shape}: no register tile divides M and N without a tail (the "
-                    "template has no tails yet); try tvm-hybrid tune --others metaschedule")
+            return (f"GEMM {shape}: no register tile divides M and N (the template pads only "
+                    "constant weights, whose last panel's tail it skips, and their rows); try "
+                    "tvm-hybrid tune --others metaschedule")
     return "the template applies to its GEMMs but another block failed to schedule"
