@@ -138,13 +138,17 @@ def broadcast_fma(kernel: Microkernel, kc: int, columns: int | None = None):
     vectors, piece = (kernel.nr // lanes, 0) if columns is None else tail_pieces(kernel, columns)
 
     @T.macro
+    def row(A, B, C, i, kk):  # one row's whole vectors at one k
+        for v in T.unroll(vectors):
+            C[i, T.ramp(v * lanes, 1, lanes)] = C[
+                i, T.ramp(v * lanes, 1, lanes)
+            ] + T.broadcast(A[i, kk], lanes) * B[kk, T.ramp(v * lanes, 1, lanes)]
+
+    @T.macro
     def body(A, B, C):
         for kk in T.serial(kc):
             for i in T.unroll(mr):
-                for v in T.unroll(vectors):
-                    C[i, T.ramp(v * lanes, 1, lanes)] = C[
-                        i, T.ramp(v * lanes, 1, lanes)
-                    ] + T.broadcast(A[i, kk], lanes) * B[kk, T.ramp(v * lanes, 1, lanes)]
+                row(A, B, C, i, kk)
 
     start = vectors * lanes
 
@@ -152,10 +156,7 @@ def broadcast_fma(kernel: Microkernel, kc: int, columns: int | None = None):
     def with_piece(A, B, C):  # the whole vectors, then one of ``piece`` lanes
         for kk in T.serial(kc):
             for i in T.unroll(mr):
-                for v in T.unroll(vectors):
-                    C[i, T.ramp(v * lanes, 1, lanes)] = C[
-                        i, T.ramp(v * lanes, 1, lanes)
-                    ] + T.broadcast(A[i, kk], lanes) * B[kk, T.ramp(v * lanes, 1, lanes)]
+                row(A, B, C, i, kk)
                 C[i, T.ramp(start, 1, piece)] = C[i, T.ramp(start, 1, piece)] + T.broadcast(
                     A[i, kk], piece) * B[kk, T.ramp(start, 1, piece)]
 
