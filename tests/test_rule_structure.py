@@ -10,8 +10,6 @@ write-back; the direct convolution template's pixel blocks with the taps outside
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import tvm
 from tvm import te
@@ -427,27 +425,3 @@ def test_gemm_template_k_blocks_structure():
 def test_direct_convolution_template_structure():
     assert DIRECT_CONV_BLOCK == "direct_conv"  # the block name the template looks for
     _same(ConvTemplate().apply(direct_conv, HASWELL, False), direct_conv_scheduled)
-
-
-def test_gemm_like_fallback_takes_the_widest_vector_dividing_n():
-    """Activations x activations with N = 40 (ocr_rec's attention: 8 heads of 15) on an
-    AVX-512 target: 16 lanes do not divide 40, so the register tile takes ymm vectors of 8
-    (it was left scalar); the result matches numpy where the host runs it."""
-    a, b = te.placeholder((8, 40, 15), name="A"), te.placeholder((8, 15, 40), name="B")
-    r = te.reduce_axis((0, 15), name="k")
-    c = te.compute((8, 40, 40), lambda h, i, j: te.sum(a[h, i, r] * b[h, r, j], axis=r),
-                   name="C")
-    func = te.create_prim_func([a, b, c])
-    zen4 = tvm_hybrid.make_target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
-    scheduled = ParallelVectorize().apply(func, zen4, False)
-    assert "T.vectorized(8)" in scheduled.mod.script()
-    lib = tvm.compile(tvm.IRModule({"main": scheduled.mod["main"].with_attr("global_symbol",
-                                                                            "main")}),
-                      target=zen4)
-    assert re.search(r"vfmadd\d+ps\s[^\n]*%ymm", lib.mod.inspect_source("asm"))
-    if "avx512f" in tvm_hybrid.host.host_features():
-        x = np.random.default_rng(0).standard_normal((8, 40, 15)).astype("float32")
-        w = np.random.default_rng(1).standard_normal((8, 15, 40)).astype("float32")
-        out = tvm.runtime.tensor(np.zeros((8, 40, 40), "float32"))
-        lib["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w), out)
-        np.testing.assert_allclose(out.numpy(), x.astype(np.float64) @ w, rtol=1e-5, atol=1e-5)

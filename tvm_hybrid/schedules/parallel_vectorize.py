@@ -196,12 +196,8 @@ def _tile_gemm_like(sch, block, info: SBlockInfo, target: Target):
     extents = [_const_extent(sch, lp) for lp in loops]
     n_spatial = kinds.count("S")
     m_ext, n_ext = extents[n_spatial - 2], extents[n_spatial - 1]
-    full = vector_lanes(target, out.dtype)
-    # The widest vector dividing N: 40 columns (ocr_rec's attention, 8 heads of 15) take ymm
-    # tiles on an AVX-512 target rather than none.
-    lanes = next((w for w in (full, full // 2, full // 4) if w > 1 and n_ext and n_ext % w == 0),
-                 None)
-    if m_ext is None or n_ext is None or lanes is None:
+    lanes = vector_lanes(target, out.dtype)
+    if m_ext is None or n_ext is None or n_ext % lanes:
         return None
     nr = 2 * lanes if n_ext % (2 * lanes) == 0 else lanes
     mr = next(r for r in _TILE_ROWS if m_ext % r == 0)
