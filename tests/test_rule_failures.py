@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+import tvm
 from tvm import s_tir, te
 
 import tvm_hybrid
@@ -115,3 +116,25 @@ def test_template_error_reaches_the_user_through_compile(monkeypatch, broken_mic
     model = workloads.mlp(8, (32, 64), final=None)
     with pytest.raises(TemplateError, match="GEMM template failed"):
         tvm_hybrid.compile(model.model, target=TARGET)
+
+
+def test_a_tvm_internal_error_in_the_fallback_is_loud_in_strict_mode(monkeypatch, caplog):
+    """TVM's own checks inside a schedule primitive raise InternalError, not ScheduleError. The
+    fallback rule turns it into a TemplateError in strict mode, and otherwise into a warning
+    and stock lowering for that function (one function's TVM bug used to fail the model's
+    whole compile)."""
+    from tvm_hybrid.schedules import parallel_vectorize
+
+    def trips(sch, target):
+        raise tvm.error.InternalError("Check failed: (node.defined()) is false")
+
+    monkeypatch.setattr(parallel_vectorize, "_schedule", trips)
+    monkeypatch.setenv(STRICT_VARIABLE, "1")
+    with pytest.raises(TemplateError, match="fallback schedule .* my_scale") as info:
+        ParallelVectorize().apply(_elementwise_func(), TARGET, False)
+    assert isinstance(info.value.__cause__, tvm.error.InternalError)
+    monkeypatch.setenv(STRICT_VARIABLE, "0")
+    with caplog.at_level(logging.WARNING, logger="tvm_hybrid.schedules"):
+        assert ParallelVectorize().apply(_elementwise_func(), TARGET, False) is None
+    assert any("stock lowering" in r.getMessage() and "my_scale" in r.getMessage()
+               for r in caplog.records)

@@ -394,6 +394,41 @@ def test_parallel_vectorize_splits_rows_no_vector_divides():
     np.testing.assert_allclose(got, e / e.sum(-1, keepdims=True), rtol=0, atol=1e-5)
 
 
+def test_gemm_like_reduction_keeps_a_broadcasting_consumer_apart():
+    """A softmax over a middle axis (YOLOv8's DFL head: axis 1 of 1x16x4xN): its max and sum
+    reduce over axis 1 with the last axis contiguous, so they take the GEMM-like register tile,
+    and exp(x - max) reads each maximum 16 times. Inlining that consumer into the tile's
+    write-back tripped a TVM internal check that failed the whole model's compile; it stays a
+    block of its own, and the function runs within 1e-6 of numpy."""
+    from onnx import TensorProto, helper
+
+    shape = [1, 16, 4, 2112]
+    graph = helper.make_graph(
+        [helper.make_node("Softmax", ["x"], ["y"], axis=1)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = 8
+    x = (np.random.default_rng(0).standard_normal(shape) * 4).astype("float32")
+    e = np.exp(x.astype(np.float64) - x.max(1, keepdims=True))
+    np.testing.assert_allclose(tvm_hybrid.compile(proto)(x), e / e.sum(1, keepdims=True),
+                               rtol=0, atol=1e-6)
+    # The structure, on the legalized function: max and sum are register-tiled (their
+    # write-backs vectorised), exp(x - max) and the division stay blocks of their own.
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    xv = relax.Var("x", relax.TensorType(shape, "float32"))
+    with bb.function("main", [xv]):
+        bb.emit_func_output(bb.emit(relax.op.nn.softmax(xv, axis=1)))
+    mod = relax.transform.LegalizeOps()(bb.get())
+    func = next(f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
+    script = ParallelVectorize().apply(func, HASWELL, False).mod.script()
+    for block in ("T_softmax_maxelem", "T_softmax_expsum"):
+        assert f'T.sblock("{block}_global")' in script, script  # the tile's write-back
+    assert 'T.sblock("T_softmax_exp")' in script and 'T.sblock("T_softmax_norm")' in script
+
+
 def test_parallel_vectorize_unrolls_a_transposing_copy():
     _same(ParallelVectorize().apply(channel_shuffle, HASWELL, False), channel_shuffle_scheduled)
     # and computes it (on this host: the unrolled chunks are plain code for any x86-64)

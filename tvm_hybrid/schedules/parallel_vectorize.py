@@ -39,7 +39,7 @@ from tvm.target import Target
 
 from ..errors import first_line
 from ..microkernels import vector_bits
-from .rule_failures import NotApplicable, function_name
+from .rule_failures import NotApplicable, function_name, rule_failed
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +72,9 @@ class ParallelVectorize(ScheduleRule):
             if logger.isEnabledFor(logging.DEBUG):  # naming an unnamed function costs a schedule
                 logger.debug("ParallelVectorize left %s to stock lowering: %s",
                              function_name(func), first_line(err))
+            return None
+        except tvm.error.InternalError as err:  # a TVM check a schedule primitive trips on
+            rule_failed(func, err)
             return None
         return sch
 
@@ -229,12 +232,35 @@ def _inline_epilogue(sch, write_back) -> None:
     """Fold elementwise consumers of the accumulator's write-back into it (bias, activation)."""
     while True:
         consumers = sch.get_consumers(write_back)
-        if len(consumers) != 1:
+        if len(consumers) != 1 or not _reads_each_element_once(
+            sch.get(consumers[0]), sch.get(write_back).writes[0].source
+        ):
             return
         try:
             sch.reverse_compute_inline(consumers[0])
         except s_tir.ScheduleError:
             return
+
+
+def _reads_each_element_once(consumer, buffer) -> bool:
+    """True when ``consumer`` reads ``buffer`` once per element: one point, indexed by distinct
+    block variables (or constants), with every block variable of extent > 1 among them.
+
+    Reverse inlining needs this. A broadcasting consumer (softmax's ``exp(x - max)`` over the
+    reduced axis) reads each element many times; TVM 0.27's ``reverse_compute_inline`` stops
+    on it with an internal error instead of a ScheduleError.
+    """
+    regions = [r for r in consumer.reads if r.source.same_as(buffer)]
+    if len(regions) != 1 or not all(_is_one(rng.extent) for rng in regions[0].region):
+        return False
+    starts = [rng.min for rng in regions[0].region]
+    if not all(isinstance(v, (tirx.Var, prim.IntImm)) for v in starts):
+        return False
+    for iv in consumer.iter_vars:
+        uses = sum(v.same_as(iv.var) for v in starts)
+        if uses > 1 or (uses == 0 and not _is_one(iv.dom.extent)):
+            return False
+    return True
 
 
 def _write_back_block(sch, tile_loop):

@@ -7,7 +7,9 @@ tensorize that does not match) has a bug or a gap, and its function would run on
 fallback, 10-100x slower, with numerically correct results that no test would notice. So:
 
 * rules catch only :class:`NotApplicable` and ``s_tir.ScheduleError``; anything else (a Python
-  error in a rule) propagates with its traceback;
+  error in a rule) propagates with its traceback. The fallback rule, the last one, also catches
+  TVM's ``InternalError`` (a check inside a schedule primitive), so that one function's TVM bug
+  costs that function its schedule rather than the model its compile (:func:`rule_failed`);
 * a template's ``ScheduleError`` is a warning naming the template and the function, or, with
   ``TVM_HYBRID_STRICT=1`` (the test suite and CI set it), a
   :class:`~tvm_hybrid.errors.TemplateError` carrying TVM's error as its cause.
@@ -66,3 +68,19 @@ def template_failed(template: str, func, what: str, err: Exception) -> None:
     if strict():
         raise TemplateError(message) from err
     logger.warning("%s; it falls back to the generic schedule (slower)", message)
+
+
+def rule_failed(func, err: Exception) -> None:
+    """Report that the fallback rule tripped a TVM internal check on ``func``, which then takes
+    TVM's stock lowering (single-threaded and scalar).
+
+    Raises
+    ------
+    TemplateError
+        In strict mode, with ``err`` as its cause.
+    """
+    message = (f"the fallback schedule (ParallelVectorize) hit a TVM internal error on "
+               f"{function_name(func)}: {first_line(err)}")
+    if strict():
+        raise TemplateError(message) from err
+    logger.warning("%s; it takes TVM's stock lowering (single-threaded, scalar)", message)
