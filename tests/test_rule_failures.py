@@ -138,3 +138,33 @@ def test_a_tvm_internal_error_in_the_fallback_is_loud_in_strict_mode(monkeypatch
         assert ParallelVectorize().apply(_elementwise_func(), TARGET, False) is None
     assert any("stock lowering" in r.getMessage() and "my_scale" in r.getMessage()
                for r in caplog.records)
+
+
+def test_a_function_without_a_root_block_is_declined_by_every_rule():
+    """TOPI writes CumSum as one opaque block of plain loops, with no ``root`` block: every
+    template's block lookup raised a ScheduleError outside its try, and any model holding a
+    CumSum failed to compile. Now each rule declines it; the model compiles and runs."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+    from tvm import relax
+
+    from tvm_hybrid.schedules import TEMPLATES
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((8, 64), "float32"))
+    with bb.function("main", [x]):
+        bb.emit_func_output(bb.emit_te(tvm.topi.cumsum, x, 1))
+    func = next(f for f in bb.get().functions.values() if isinstance(f, tvm.tirx.PrimFunc))
+    assert func.body.block.name_hint != "root"  # the case under test
+    for rule in (*TEMPLATES, ParallelVectorize()):
+        assert rule.apply(func, TARGET, False) is None, rule
+    graph = helper.make_graph(
+        [helper.make_node("CumSum", ["x", "axis"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 64])],
+        initializer=[numpy_helper.from_array(np.array(1, np.int64), "axis")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = 8
+    a = np.random.default_rng(0).standard_normal((8, 64)).astype("float32")
+    np.testing.assert_allclose(tvm_hybrid.compile(proto)(a), np.cumsum(a, 1), rtol=1e-5,
+                               atol=1e-5)

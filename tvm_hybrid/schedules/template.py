@@ -121,11 +121,19 @@ def is_scheduled(func: tirx.PrimFunc) -> bool:
     return bool((func.attrs or {}).get("tirx.is_scheduled", False))
 
 
+def has_blocks(func: tirx.PrimFunc) -> bool:
+    """Whether ``func`` has the ``root`` block that everything legalized from a TE compute
+    has. A scan TOPI writes as one opaque block of plain loops (``cumsum_generic``: ONNX
+    ``CumSum``) has none, and no template, nor their block lookups, can take it."""
+    body = func.body
+    return isinstance(body, s_tir.stmt.SBlockRealize) and body.block.name_hint == "root"
+
+
 def _matched(template: Template, func, target: Target, sch: s_tir.Schedule) -> list[tuple]:
     """``(workload, heuristic knobs)`` for each workload ``template`` covers in ``func``
     (``sch`` prepared by its ``match``); empty when it takes none."""
     if not (isinstance(func, tirx.PrimFunc) and target.kind.name == "llvm"
-            and template.available(target)) or is_scheduled(func):
+            and template.available(target)) or is_scheduled(func) or not has_blocks(func):
         return []
     try:
         found = template.match(sch, target) or []
