@@ -274,3 +274,31 @@ def test_a_sum_residual_keeps_the_convolutions_in_nhwc(rng):
     x = rng.standard_normal((1, 8, 10, 12)).astype("float32")
     np.testing.assert_allclose(_outputs(compiled, {"x": x})[0], _ort(model, {"x": x})[0],
                                rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("alpha", [1.0, 0.5])
+def test_celu_imports_and_matches_onnxruntime(alpha, rng):
+    """TVM's importer has no Celu converter (the model was refused)."""
+    model = _model([helper.make_node("Celu", ["x"], ["y"], alpha=alpha)],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 37, 64])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], opset=12)
+    feeds = {"x": (rng.standard_normal((4, 37, 64)) * 3).astype("float32")}
+    got = _outputs(tvm_hybrid.compile(model), feeds)[0]
+    np.testing.assert_allclose(got, _ort(model, feeds)[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("depth", [np.array([10], np.int64), np.array(7.0, np.float32)])
+def test_one_hot_with_a_one_element_depth(depth, rng):
+    """The spec's rank-1 one-element depth (and a float scalar one) with negative indices:
+    TVM's converter failed on the rank-1 form with a type error from ``relax.op.one_hot``."""
+    model = _model([helper.make_node("OneHot", ["i", "depth", "values"], ["y"], axis=1)],
+                   [helper.make_tensor_value_info("i", TensorProto.INT64, [2, 6])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                   [onnx.numpy_helper.from_array(depth, "depth"),
+                    onnx.numpy_helper.from_array(np.array([-1.0, 2.5], np.float32), "values")],
+                   opset=11)
+    n = int(depth.reshape(()))
+    feeds = {"i": rng.integers(-n, n, (2, 6)).astype(np.int64)}
+    got = _outputs(tvm_hybrid.compile(model), feeds)[0]
+    np.testing.assert_array_equal(got, _ort(model, feeds)[0])
+    assert got.shape == (2, n, 6)
