@@ -32,6 +32,7 @@ from .passes import (
     ConvToGemm,
     FastMath,
     FoldAffineChains,
+    FoldConstantCleanly,
     FoldQDQ,
     FoldScalesIntoWeights,
     FuseAttention,
@@ -55,7 +56,7 @@ def normalize_passes(target: Target) -> list[tvm.transform.Pass]:
         relax.transform.CanonicalizeBindings(),
         # QDQ GEMMs become integer GEMMs before constant folding turns their weights to fp32.
         FoldQDQ(target),
-        relax.transform.FoldConstant(),
+        FoldConstantCleanly(),
         # After folding: the gathers' data extents are static.
         CheckIndices(),
     ]

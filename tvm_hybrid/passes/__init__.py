@@ -5,6 +5,7 @@ from .check_indices import CheckIndices
 from .constant_divisors import ReciprocalDivisors
 from .conv_gemm import ConvToGemm
 from .fast_math import FastMath
+from .fold_constant import FoldConstantCleanly
 from .fold_scales import FoldScalesIntoWeights
 from .fuse_attention import FuseAttention
 from .fuse_epilogues import FuseGemmEpilogues
@@ -20,6 +21,7 @@ __all__ = [
     "ConvToGemm",
     "FastMath",
     "FoldAffineChains",
+    "FoldConstantCleanly",
     "FoldScalesIntoWeights",
     "FoldQDQ",
     "FuseAttention",

@@ -65,6 +65,7 @@ from .conv_layout import (
     LayoutFriendly,
     fp32_operands,
 )
+from .fold_constant import drop_leaked_bindings
 from .integer_conv import IntegerConvToFloat
 from .integer_gemm import integer_conv_gemm
 from .relax_rewrite import (
@@ -138,7 +139,7 @@ class ConvToGemm:
             mod = relax.transform.ConvertLayout(_LAYOUTS)(mod)
         except Exception as err:  # noqa: BLE001 - TVM raises its C++ check failures
             logger.debug("ConvertLayout failed (%s); NHWC per convolution", first_line(err))
-        mod = relax.transform.FoldConstant()(mod)
+        mod = drop_leaked_bindings(relax.transform.FoldConstant()(mod))
         mod = rewrite_functions(mod, CancelPermutes(mod), eliminate_dead_code=True)
         mod = rewrite_functions(mod, ChannelShuffleNHWC(mod), eliminate_dead_code=True)
         mod = rewrite_functions(mod, _Rewriter(mod, self.target), eliminate_dead_code=True)

@@ -52,7 +52,10 @@ def function_name(func) -> str:
     if func.attrs is not None and "global_symbol" in func.attrs:
         return str(func.attrs["global_symbol"])
     sch = s_tir.Schedule(func)
-    blocks = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    try:
+        blocks = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    except s_tir.ScheduleError:  # no root block (one opaque block of loops)
+        return "an unnamed function without blocks"
     return f"the function of blocks {', '.join(blocks)}"
 
 
