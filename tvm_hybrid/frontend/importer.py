@@ -27,7 +27,7 @@ from ..attribution import name_bindings, node_labels, record_nodes
 from ..errors import ModelLoadError, UnsupportedModelError, first_line
 from .converters import added_converters, convert_map
 from .fold import fold_constants
-from .qlinear import decompose_qlinear_matmul
+from .qlinear import decompose_qlinear
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +102,7 @@ def import_model(
     _check_versions(proto, source)
     if proto.functions:  # model-local functions: inline them, TVM's importer does not
         proto = onnx.inliner.inline_local_functions(proto)
-    proto = decompose_qlinear_matmul(proto)
+    proto = decompose_qlinear(proto)
     inputs = onnx_inputs(proto, input_shapes or {})
     shape_dict = {spec.name: spec.shape for spec in inputs if is_static(spec.shape)}
     proto, _ = fold_constants(proto, shape_dict)
