@@ -11,6 +11,7 @@ write-back; the direct convolution template's pixel blocks with the taps outside
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import tvm
 from tvm import te
 from tvm.script import tirx as T
@@ -427,6 +428,29 @@ def test_gemm_like_reduction_keeps_a_broadcasting_consumer_apart():
     for block in ("T_softmax_maxelem", "T_softmax_expsum"):
         assert f'T.sblock("{block}_global")' in script, script  # the tile's write-back
     assert 'T.sblock("T_softmax_exp")' in script and 'T.sblock("T_softmax_norm")' in script
+
+
+@pytest.mark.parametrize("shape", [(3, 6, 6), (16, 64)])
+def test_a_mean_to_one_scalar_is_scheduled(shape):
+    """ReduceMean over every axis without keepdims: the sum, then a division block without
+    loops writing a 0-d result. TVM's rfactor on the sum failed an internal check beside that
+    block (the model failed to compile, then fell to stock lowering); with a unit loop around
+    it the rule schedules the function, whose result matches numpy."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("ReduceMean", ["x"], ["y"], keepdims=0)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    x = np.random.default_rng(0).standard_normal(shape).astype("float32")
+    got = tvm_hybrid.compile(proto)(x)  # strict mode (conftest): a rule failure raises
+    np.testing.assert_allclose(got, x.astype(np.float64).mean(), rtol=1e-5, atol=1e-6)
+    a = te.placeholder(shape, name="A")
+    axes = [te.reduce_axis((0, n)) for n in shape]
+    total = te.compute((), lambda: te.sum(a[tuple(axes)], axis=axes), name="S")
+    mean = te.compute((), lambda: total() / float(np.prod(shape)), name="M")
+    assert ParallelVectorize().apply(te.create_prim_func([a, mean]), HASWELL, False) is not None
 
 
 def test_parallel_vectorize_unrolls_a_transposing_copy():

@@ -84,6 +84,13 @@ def _schedule(sch: s_tir.Schedule, target: Target) -> bool:
     if infos is None or any("O" in info.dom_kind() for info in infos):
         return False
     inline_free_producers(sch, infos)
+    # A block without loops (a 0-d result: ReduceMean's division over the whole tensor) beside
+    # a loop nest made TVM's rfactor on that nest fail an internal check; a unit loop each
+    # gives the root the shape rfactor expects.
+    root = sch.get_sblock("root")
+    for block in sch.get_child_blocks(root):
+        if not sch.get_loops(block):
+            sch.add_unit_loop(block)
     schedule_blocks(sch, target, set())
     return True
 
@@ -97,9 +104,12 @@ def schedule_blocks(sch: s_tir.Schedule, target: Target, done: set[str]) -> None
             return
         block = pending[0]
         done.add(sch.get(block).name_hint)
-        if not sch.get_loops(block) or not sch.get(block).writes:
+        writes = sch.get(block).writes
+        if not sch.get_loops(block) or not writes:
             continue  # (no writes: the wrapper of a partitioned loop, _vectorize_most)
         info = get_sblock_info(sch, block)
+        if not writes[0].region and not info.is_reduction():
+            continue  # one scalar (a 0-d result), nothing to spread
         if not info.is_reduction():
             _schedule_spatial(sch, block, target)
             continue
