@@ -162,6 +162,24 @@ def test_bf16_tails_match_fp32():
     assert_close(model(**wl.inputs), want, 2e-2)
 
 
+def test_bf16_tail_on_the_only_panel_keeps_its_llvm_import():
+    """N = 17: one panel, so the tail's branch always runs and TVM drops the full branch,
+    which alone carried the vdpbf16ps IR import; the call stayed unresolved and the model
+    crashed when run ("Symbols not found: hybrid_dpbf16ps_512", then a segfault). Compiled for
+    a named AVX512-BF16 CPU (any host): the tail's dot products are in the assembly, with no
+    call left to the helper; run where the host has the instruction."""
+    wl = workloads.gemm(64, 17, 32)
+    target = {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}
+    model = tvm_hybrid.compile(wl.model, target, precision="bf16")
+    details = [info.detail for info in model.kernels.values()]
+    assert any("last panel 17 of 32 columns" in d for d in details), details
+    asm = model.inspect_source("asm")
+    assert "vdpbf16ps" in asm and "hybrid_dpbf16ps_512" not in asm
+    if "avx512bf16" in tvm_hybrid.host.host_features():
+        want = tvm_hybrid.compile(wl.model, target)(**wl.inputs)
+        assert_close(model(**wl.inputs), want, 2e-2)
+
+
 def test_integer_tail_asm_on_vnni():
     """The VNNI kernel's tail: whole zmm vectors, fewer of them (97 columns: 3 panels of 32,
     then one of the last panel's two vectors)."""

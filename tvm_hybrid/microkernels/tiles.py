@@ -46,9 +46,12 @@ class Tail:
 
 def _branch(tail: Tail | None, full, partial):
     """``full`` (a ``T.macro`` over ``A, B, C``), or with ``tail`` a macro running ``partial``
-    when ``B`` is the last panel and ``full`` otherwise."""
+    when ``B`` is the last panel and ``full`` otherwise; ``partial`` alone when the last panel
+    is the only one (offset 0: the full branch could never run, and TVM drops it)."""
     if tail is None:
         return full
+    if tail.offset == 0:
+        return partial
     offset = tail.offset
 
     @T.macro
@@ -213,10 +216,14 @@ def grouped_tile_functions(kernel: Microkernel, kc: int, b_dtype: str, update,
     """
     mr, nr, group = kernel.mr, kernel.nr, kernel.k_step
     rows = kc // group
+    # The annotations (an LLVM import) once per function: the full branch carries them, or the
+    # tail alone where the last panel is the only one (a dead branch's import is dropped with
+    # it, and the call to the imported function is left unresolved: bf16 with N = 17).
+    alone = tail is not None and tail.offset == 0
     vector_updates = _branch(
         tail, grouped_updates(kernel, kc, update, annotations),
-        # The annotations (an LLVM import) once per function: the full branch carries them.
-        grouped_updates(kernel, kc, update, None, tail.columns) if tail else None)
+        grouped_updates(kernel, kc, update, annotations if alone else None, tail.columns)
+        if tail else None)
     buffers = ((mr, kc), (rows, nr, group), (group, 1),
                (kernel.in_dtype, b_dtype, kernel.acc_dtype), (mr, nr))
     desc = reference_update(mr, nr, kc, kernel.acc_dtype,
