@@ -348,3 +348,21 @@ def test_stack_after_convs_is_a_concatenation_layouts_carry():
     expected = np.stack([yv, _numpy_conv(yv, w, 1, 1), yv], axis=2)
     np.testing.assert_allclose(np.asarray(tvm_hybrid.compile(mod)(xv)), expected, rtol=1e-4,
                                atol=1e-4 * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("case", [dict(k=3, strides=[2, 2], pads=[1, 1, 1, 1]),
+                                  dict(k=3, strides=[1, 2], pads=[0, 1, 2, 0])])
+def test_bf16_conv_through_im2col(case):
+    """precision="bf16": the cast of the im2col's rows to bf16 fuses into the hand-written
+    im2col. Its buffers had int32 extents against Relax's int64 and FuseTIR refused the fused
+    kernel ("Inconsistent buffers cols and lv"), so such a model did not compile. Compiled for
+    a named AVX512-BF16 CPU (any host), numerics where the host has the instruction."""
+    model, x = _conv_model(c=16, o=32, **case)
+    target = {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}
+    compiled = tvm_hybrid.compile(model, target, precision="bf16")
+    assert any("im2col" in k and "cast" in k for k in compiled.kernel_names()), \
+        compiled.kernel_names()
+    assert "vdpbf16ps" in compiled.inspect_source("asm")
+    if "avx512bf16" in tvm_hybrid.host.host_features():
+        want = _onnxruntime(model, x)
+        assert np.abs(compiled(x=x) - want).max() <= 2e-2 * np.abs(want).max()

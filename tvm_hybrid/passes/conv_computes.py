@@ -54,31 +54,37 @@ def im2col(x_shape: tuple[int, int, int, int], kernel: tuple[int, int],
     zero = tirx.const(fill, dtype)
     k = kh * kw * c
 
+    # int64 extents, as Relax's: FuseTIR compares a fused kernel's buffers with the Relax
+    # tensors' types, and int32 ones failed the compile where a cast fused into the im2col
+    # (precision="bf16": "Inconsistent buffers cols and lv mapped to the same relax var").
+    i64 = T.int64
+    rows, width = n * oh * ow, k + extra_columns
+
     @T.prim_func(private=True, s_tir=True)
-    def func(x: T.Buffer((n, h, w, c), dtype),
-             cols: T.Buffer((n * oh * ow + extra_rows, k + extra_columns), dtype)):
+    def func(x: T.Buffer((i64(n), i64(h), i64(w), i64(c)), dtype),
+             cols: T.Buffer((i64(rows + extra_rows), i64(width)), dtype)):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True,
                      "op_pattern": OUT_ELEMWISE_FUSABLE})
         with T.sblock("root"):
-            T.reads(x[0:n, 0:h, 0:w, 0:c])
-            T.writes(cols[0:n * oh * ow + extra_rows, 0:k + extra_columns])
-            for row in T.parallel(n * oh * ow):
-                for ky, kx in T.grid(kh, kw):
+            T.reads(x[0:i64(n), 0:i64(h), 0:i64(w), 0:i64(c)])
+            T.writes(cols[0:i64(rows + extra_rows), 0:i64(width)])
+            for row in T.parallel(i64(rows)):
+                for ky, kx in T.grid(i64(kh), i64(kw)):
                     if ((row // ow) % oh * sh + ky * dh >= top
                             and (row // ow) % oh * sh + ky * dh < h + top
                             and row % ow * sw + kx * dw >= left
                             and row % ow * sw + kx * dw < w + left):
-                        for ch in T.vectorized(c):
+                        for ch in T.vectorized(i64(c)):
                             cols[row, (ky * kw + kx) * c + ch] = x[
                                 row // (oh * ow), (row // ow) % oh * sh + ky * dh - top,
                                 row % ow * sw + kx * dw - left, ch]
                     else:
-                        for ch in T.vectorized(c):
+                        for ch in T.vectorized(i64(c)):
                             cols[row, (ky * kw + kx) * c + ch] = zero
-                for e in T.serial(extra_columns):
+                for e in T.serial(i64(extra_columns)):
                     cols[row, k + e] = zero
-            for row, e in T.grid(extra_rows, k + extra_columns):
-                cols[n * oh * ow + row, e] = zero
+            for row, e in T.grid(i64(extra_rows), i64(width)):
+                cols[rows + row, e] = zero
 
     if not isinstance(fill, (int, float, np.number)) or not np.isfinite(fill) or extra_rows:
         return func  # (only an unpadded im2col of a constant, finite fill can be re-emitted)
