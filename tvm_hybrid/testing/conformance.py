@@ -3,7 +3,9 @@
 Cases come from ``onnx/backend/test/data/`` (kinds ``pytorch-converted``, ``pytorch-operator``,
 ``simple`` and ``real``, the last being the light CNN models: ResNet-50, DenseNet, Inception,
 VGG, ...), loaded with onnx's own loader and compared with its own ``assert_similar_outputs``
-and per-case tolerances. :func:`check_case` runs one case through one ONNX backend
+and per-case tolerances. Kind ``node`` holds onnx's per-operator cases (about 1,900: every
+op's documented examples, generated in memory by ``onnx.backend.test.case.node``, since the
+wheel does not ship their data). :func:`check_case` runs one case through one ONNX backend
 (:mod:`tvm_hybrid.onnx_backend`). Run ``python -m tvm_hybrid.testing.conformance`` for the counts.
 """
 
@@ -21,6 +23,8 @@ from onnx.backend.test.loader import load_model_tests
 from onnx.backend.test.runner import Runner
 
 KINDS = ("pytorch-converted", "pytorch-operator", "simple", "real")
+#: The per-operator cases, generated rather than loaded (module docstring).
+NODE = "node"
 _LIGHT_PREFIX = "onnx/backend/test/data/light/"
 
 
@@ -35,6 +39,9 @@ class Case:
     rtol: float
     atol: float
     light_outputs: list[str] = dataclasses.field(default_factory=list)
+    #: A generated case's model and ``(inputs, outputs)`` data sets (kind ``node``).
+    model: onnx.ModelProto | None = None
+    data: list | None = None
 
 
 @dataclasses.dataclass
@@ -52,7 +59,9 @@ def cases(kinds=KINDS) -> list[Case]:
     """All cases of the given kinds, sorted by name."""
     found = []
     onnx_root = os.path.dirname(os.path.dirname(onnx.__file__))
-    for kind in kinds:
+    if NODE in kinds:
+        found.extend(_node_cases())
+    for kind in (k for k in kinds if k != NODE):
         for test in load_model_tests(kind=kind):
             if test.model_dir is not None:
                 found.append(Case(test.name, kind, os.path.join(test.model_dir, "model.onnx"),
@@ -63,6 +72,19 @@ def cases(kinds=KINDS) -> list[Case]:
                 outputs = sorted(glob.glob(os.path.splitext(path)[0] + "_output_*.pb"))
                 found.append(Case(test.name, kind, path, [], test.rtol, test.atol, outputs))
     return sorted(found, key=lambda c: (c.kind, c.name))
+
+
+def _node_cases() -> list[Case]:
+    import warnings
+
+    from onnx.backend.test.case import node
+
+    with warnings.catch_warnings():  # the generators' own numpy warnings (log of 0, casts)
+        warnings.simplefilter("ignore")
+        generated = node.collect_testcases(None)
+    return [Case(t.name, NODE, "", [], t.rtol, t.atol, model=t.model,
+                 data=[(list(i), list(o)) for i, o in t.data_sets])
+            for t in generated if t.model is not None and t.data_sets]
 
 
 def load_data(case: Case, model: onnx.ModelProto) -> list[tuple[list, list]]:
@@ -94,8 +116,8 @@ def check_case(case: Case, backend) -> Outcome:
     start = time.perf_counter()
     rep = None
     try:
-        model = onnx.load(case.model_path)
-        data = load_data(case, model)
+        model = case.model if case.model is not None else onnx.load(case.model_path)
+        data = case.data if case.data is not None else load_data(case, model)
         rep = backend.prepare(model, "CPU")
         for inputs, expected in data:
             got = rep.run([numpy_helper.to_array(i) if isinstance(i, onnx.TensorProto) else i
