@@ -345,8 +345,9 @@ def test_cli_bad_model_files_are_one_line_errors(tmp_path, content):
 
 
 def test_fuzz_slice():
-    """150 random graphs (fp32 DAGs, GEMM epilogues, extreme QDQ, integer matmuls, gathers)
-    against their references; long mode: python -m tvm_hybrid.testing.fuzz --graphs 2000."""
+    """150 random graphs (fp32 DAGs, GEMM epilogues, extreme QDQ, integer matmuls, gathers,
+    softmaxes and reductions over any axes) against their references; long mode:
+    python -m tvm_hybrid.testing.fuzz --graphs 2000."""
     out = subprocess.run([sys.executable, "-m", "tvm_hybrid.testing.fuzz", "--graphs", "150",
                           "--seed", "12345"], capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-3000:]

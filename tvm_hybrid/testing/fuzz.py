@@ -12,7 +12,11 @@ Each graph is one of five kinds, all with random (often odd) shapes:
   ratios from 1e-3 to 1e3, u8 or s8, per-tensor or per-channel weights), checked against ONNX's
   float QDQ semantics: within one output quantization step;
 * ``integer_matmul``: ``MatMulInteger`` with random zero points, bit-exact against int64 numpy;
-* ``gather``: an embedding lookup with random valid (also negative) ids, exact.
+* ``gather``: an embedding lookup with random valid (also negative) ids, exact;
+* ``axis_reduction``: ``Softmax`` or a reduction (sum, mean, max) over random axes of a 3-D or
+  4-D tensor, extents often a whole number of vectors, the result kept or squeezed, then maybe
+  broadcast back against the input; checked like ``fp32_dag``. (A softmax over a middle axis
+  and a mean down to one scalar each failed to compile before this kind was added.)
 
 Run the long mode from the command line::
 
@@ -35,8 +39,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-KINDS = ("fp32_dag", "gemm_epilogue", "qdq_gemm", "integer_matmul", "gather")
+KINDS = ("fp32_dag", "gemm_epilogue", "qdq_gemm", "integer_matmul", "gather", "axis_reduction")
 _SIZES = (1, 2, 3, 7, 8, 13, 16, 31, 32, 64, 97, 128, 197)
+#: Extents of the axis_reduction kind: whole vectors (8, 16, 48, 64) and odd ones.
+_AXIS_SIZES = (1, 3, 4, 7, 8, 16, 33, 48, 64)
 
 
 @dataclasses.dataclass
@@ -250,8 +256,36 @@ def _gather(rng: np.random.Generator) -> Case:
                 _exact(np.take(table, ids, axis=0)))
 
 
+def _axis_reduction(rng: np.random.Generator) -> Case:
+    b = _Builder(rng)
+    shape = [int(rng.choice(_AXIS_SIZES)) for _ in range(int(rng.integers(3, 5)))]
+    x = rng.standard_normal(shape).astype(np.float32)
+    rank = len(shape)
+    op = str(rng.choice(["Softmax", "ReduceSum", "ReduceMean", "ReduceMax"]))
+    if op == "Softmax":
+        axis = int(rng.integers(-rank, rank))
+        out, what = b.op("Softmax", "x", axis=axis), f"Softmax axis {axis}"
+    else:
+        count = int(rng.integers(1, rank + 1))
+        axes = sorted(int(a) for a in rng.choice(rank, count, replace=False))
+        keep = int(rng.integers(2))
+        if op == "ReduceSum":  # opset 13+: the axes are an input
+            out = b.op(op, "x", b.const(np.array(axes, np.int64)), keepdims=keep)
+        else:
+            out = b.op(op, "x", axes=axes, keepdims=keep)
+        what = f"{op} axes {axes} keepdims {keep}"
+        if keep and rng.integers(2):  # x - mean, as normalisations broadcast it back
+            out, what = b.op("Sub", "x", out), what + " then x - it"
+    model = b.model([helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)], out,
+                    TensorProto.FLOAT, None)
+    inputs = {"x": x}
+    return Case("axis_reduction", f"{'x'.join(map(str, shape))} {what}", model, inputs,
+                _close(_reference(model, inputs)))
+
+
 _MAKERS = {"fp32_dag": _fp32_dag, "gemm_epilogue": _gemm_epilogue, "qdq_gemm": _qdq_gemm,
-           "integer_matmul": _integer_matmul, "gather": _gather}
+           "integer_matmul": _integer_matmul, "gather": _gather,
+           "axis_reduction": _axis_reduction}
 
 
 def make_case(seed: int, index: int) -> Case:
