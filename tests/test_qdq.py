@@ -233,3 +233,45 @@ def test_qdq_gemm_with_transposed_per_channel_weights():
     yq = requantize_reference(acc, bias_fixed, mult, shift, int(zy), "uint8", relu=True)
     want = (yq.astype(np.int32) - int(zy)).astype(np.float32) * sy
     np.testing.assert_array_equal(model(x), want)
+
+
+def test_weights_quantized_in_the_graph_fold_to_integer_initializers():
+    """QuantizeLinear of constants (what ONNX Runtime's quantizer writes for weights kept in
+    Constant nodes) becomes the integer initializer it computes, bit-identical to ONNX Runtime's
+    QuantizeLinear: per tensor without a zero point (u8), per axis 0 and the default axis 1
+    (s8), from an initializer and from a Constant node; a QuantizeLinear of an input stays."""
+    ort = pytest.importorskip("onnxruntime", reason="compares with ONNX Runtime's QuantizeLinear")
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tvm_hybrid.frontend.quantized_weights import fold_weight_quantization
+
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((6, 5, 3)) * 3).astype(np.float32)
+    w[0, 0, 0] = 2.5 * 0.5  # a tie at scale 0.5: rounds to even
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.float32(0.5), "s"),
+             numpy_helper.from_array((rng.random(6) * 0.1 + 0.01).astype(np.float32), "s0"),
+             numpy_helper.from_array(np.zeros(6, np.int8), "z0"),
+             numpy_helper.from_array((rng.random(5) * 0.1 + 0.01).astype(np.float32), "s1"),
+             numpy_helper.from_array(np.array([3, -2, 0, 1, 7], np.int8), "z1")]
+    constant = helper.make_node("Constant", [], ["wc"], value=numpy_helper.from_array(w))
+    nodes = [constant,
+             helper.make_node("QuantizeLinear", ["w", "s"], ["q_tensor"]),
+             helper.make_node("QuantizeLinear", ["wc", "s0", "z0"], ["q_axis0"], axis=0),
+             helper.make_node("QuantizeLinear", ["w", "s1", "z1"], ["q_axis1"]),
+             helper.make_node("QuantizeLinear", ["x", "s"], ["q_input"])]
+    outputs = [("q_tensor", TensorProto.UINT8), ("q_axis0", TensorProto.INT8),
+               ("q_axis1", TensorProto.INT8), ("q_input", TensorProto.UINT8)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                         [4])],
+                              [helper.make_tensor_value_info(n, t, None) for n, t in outputs],
+                              inits)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    folded = fold_weight_quantization(proto)
+    assert [n.op_type for n in folded.graph.node] == ["Constant", "QuantizeLinear"]
+    values = {t.name: numpy_helper.to_array(t) for t in folded.graph.initializer}
+    x = rng.standard_normal(4).astype(np.float32)
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    for (name, _), theirs in zip(outputs[:3], session.run(None, {"x": x})[:3]):
+        assert values[name].dtype == theirs.dtype
+        np.testing.assert_array_equal(values[name], theirs)
+    assert values["q_tensor"][0, 0, 0] == 2  # 1.25 / 0.5 = 2.5 -> 2

@@ -59,3 +59,48 @@ def test_zoo_model_compiles_as_shipped_and_matches_onnxruntime(entry):
     # Every convolution runs on the engine (TVM's own conv lowering runs at ~1% of peak).
     stock_convs = [k for k in compiled.kernels if "conv1d" in k or "conv2d" in k]
     assert not stock_convs, stock_convs
+
+
+@pytest.mark.slow
+def test_a_qoperator_model_from_onnxruntimes_quantizer(tmp_path):
+    """ocr_cls quantized by ONNX Runtime's own tool in its QOperator format: QLinearConv (TVM
+    imports none), per-channel s8 weights that stay float in Constant nodes with a
+    QuantizeLinear in the graph (Paddle keeps weights in Constant nodes), u8 activations. It
+    compiles, its convolutions run on the int8 kernels, and it matches ONNX Runtime running
+    the same file (the int8 models' tolerance: ONNX Runtime's u8 x s8 kernels saturate on
+    CPUs without VNNI)."""
+    import onnx
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    entry = zoo.BY_NAME["ocr_cls"]
+    try:
+        path = zoo.fetch(entry)
+    except zoo.FetchError as err:
+        pytest.skip(f"zoo model ocr_cls not available: {err}")
+
+    class Calibration(CalibrationDataReader):
+        def __init__(self):
+            self.batches = (entry.inputs(np.random.default_rng(seed)) for seed in range(1, 5))
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    out = str(tmp_path / "ocr_cls_qoperator.onnx")
+    quantize_static(str(path), out, Calibration(), quant_format=QuantFormat.QOperator,
+                    op_types_to_quantize=["Conv", "MatMul"], per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    ops = [n.op_type for n in onnx.load(out).graph.node]
+    assert ops.count("QLinearConv") > 40 and ops.count("QuantizeLinear") > 40
+    feeds = entry.inputs(np.random.default_rng(0))
+    expected = ort.InferenceSession(out, providers=["CPUExecutionProvider"]).run(None, feeds)
+    compiled = tvm_hybrid.compile(out, input_shapes={k: v.shape for k, v in feeds.items()})
+    got = compiled(**feeds)
+    got = list(got) if isinstance(got, (list, tuple)) else [got]
+    assert max(zoo.relative_errors(got, expected)) <= zoo.INT8_TOLERANCE
+    np.testing.assert_array_equal(np.asarray(got[0]).argmax(-1), expected[0].argmax(-1))
+    assert sum("int8" in k for k in compiled.kernel_names()) >= 10, compiled.kernel_names()
