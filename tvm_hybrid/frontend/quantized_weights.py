@@ -19,8 +19,6 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-_INTEGER_TYPES = {onnx.TensorProto.UINT8: np.uint8, onnx.TensorProto.INT8: np.int8}
-
 
 def fold_weight_quantization(proto: onnx.ModelProto) -> onnx.ModelProto:
     """``proto`` with every ``QuantizeLinear`` of constants replaced by the integer initializer
