@@ -9,9 +9,12 @@ value, and onnx's reference evaluator computes each node whose inputs are then a
 
 ``Constant`` nodes become initializers. Only small results are folded
 (:data:`MAX_FOLDED_ELEMENTS`): shape subgraphs, index tensors and
-scalars. Large constant expressions of weights stay for TVM's own ``FoldConstant``, and the
-quantization ops are never folded, so that the int8 passes still see ``DequantizeLinear`` of an
-integer weight.
+scalars. Large constant expressions of weights stay for TVM's own ``FoldConstant``, and
+``DequantizeLinear`` is never folded, so that the int8 passes still see it applied to an
+integer weight. ``QuantizeLinear`` of a constant, of any size, is folded: that is the integer
+weight. ONNX Runtime's quantizer writes one in front of each weight a model keeps in
+``Constant`` nodes (Paddle exports), and left in the graph, TVM's ``FoldConstant`` made those
+weights fp32 again (ocr_cls in QOperator format ran no int8 kernel).
 """
 
 from __future__ import annotations
@@ -30,15 +33,18 @@ logger = logging.getLogger(__name__)
 #: The largest tensor (in elements) that a folded node may produce.
 MAX_FOLDED_ELEMENTS = 1 << 16
 
-#: Ops whose value must stay in the graph: quantization (the int8 passes match it), randomness,
-#: control flow and sequences (handled by the importer, or not foldable node by node).
+#: Ops whose value must stay in the graph: dequantization (the int8 passes match it),
+#: randomness, control flow and sequences (handled by the importer, or not foldable node by node).
 _NEVER_FOLD = frozenset({
-    "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "RandomNormal",
+    "DequantizeLinear", "DynamicQuantizeLinear", "RandomNormal",
     "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli", "If",
     "Loop", "Scan", "SequenceConstruct", "SequenceAt", "SequenceInsert", "SplitToSequence",
     "ConcatFromSequence", "SequenceEmpty", "SequenceErase", "SequenceLength", "Optional",
     "OptionalGetElement", "OptionalHasElement",
 })
+#: Ops folded whatever their size: a ``Constant`` becomes an initializer of the same bytes, a
+#: ``QuantizeLinear`` of constants the integer weight (a quarter of its float input's).
+_ANY_SIZE = frozenset({"Constant", "QuantizeLinear"})
 
 
 @dataclasses.dataclass
@@ -205,8 +211,8 @@ def _node_value(node, known, shapes, opsets) -> list[np.ndarray] | None:
     except Exception as err:  # the importer meets the node later and names it if it fails
         logger.debug("not folding %s %r: %s", node.op_type, node.name, err)
         return None
-    if node.op_type != "Constant" and any(v.size > MAX_FOLDED_ELEMENTS for v in values):
-        return None  # (a Constant node of any size becomes an initializer: same bytes)
+    if node.op_type not in _ANY_SIZE and any(v.size > MAX_FOLDED_ELEMENTS for v in values):
+        return None
     return values
 
 

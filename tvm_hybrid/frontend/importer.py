@@ -28,7 +28,6 @@ from ..errors import ModelLoadError, UnsupportedModelError, first_line
 from .converters import added_converters, convert_map
 from .fold import fold_constants
 from .qlinear import decompose_qlinear
-from .quantized_weights import fold_weight_quantization
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +102,7 @@ def import_model(
     _check_versions(proto, source)
     if proto.functions:  # model-local functions: inline them, TVM's importer does not
         proto = onnx.inliner.inline_local_functions(proto)
-    proto = fold_weight_quantization(decompose_qlinear(proto))
+    proto = decompose_qlinear(proto)
     inputs = onnx_inputs(proto, input_shapes or {})
     shape_dict = {spec.name: spec.shape for spec in inputs if is_static(spec.shape)}
     proto, _ = fold_constants(proto, shape_dict)

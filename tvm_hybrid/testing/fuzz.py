@@ -1,7 +1,7 @@
 """A seeded fuzzer: random small ONNX graphs compiled by tvm_hybrid and checked against a
 reference.
 
-Each graph is one of five kinds, all with random (often odd) shapes:
+Each graph is one of six kinds, all with random (often odd) shapes:
 
 * ``fp32_dag``: chains of elementwise ops, matmuls with constant weights, softmax and
   reductions, checked against ONNX's reference evaluator (``rtol`` 1e-4, ``atol`` 1e-4 of the
