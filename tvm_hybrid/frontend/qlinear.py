@@ -63,7 +63,8 @@ def _conv(node: onnx.NodeProto, index: int, inits: dict, graph: onnx.GraphProto)
     bias = rest[0] if rest else ""
     base = f"{node.name or node.output[0]}__qlinear{index}"
     scale = inits.get(w_scale)
-    w_axis = {"axis": 0} if scale is None or len(scale.dims) == 1 and scale.dims[0] > 1 else {}
+    per_channel = scale is None or (len(scale.dims) == 1 and scale.dims[0] > 1)
+    w_axis = {"axis": 0} if per_channel else {}  # (an unknown scale's axis is harmless)
     nodes = [
         helper.make_node("DequantizeLinear", [x, x_scale, x_zp], [f"{base}_x"]),
         helper.make_node("DequantizeLinear", [w, w_scale, w_zp], [f"{base}_w"], **w_axis),
