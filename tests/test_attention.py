@@ -97,6 +97,12 @@ CASES = [
     (2, 2, 50, 300, 32, ("bshd", "bhds", "bshd", "bshd"), "padding"),  # head split, K^T
     (1, 2, 33, 77, 64, ("bshd", "bshd", "bhsd", "bshd"), None),
     (1, 2, 40, 40, 32, ("bhsd",) * 4, "causal"),             # a per-query mask
+    # Head dimensions no vector divides: the channel tail (AVX-512: 15 lanes, 32 + 8, 16 + 4,
+    # one column; AVX2: 8 + 7, whole vectors, 16 + 4, one column).
+    (1, 3, 40, 40, 15, ("bshd", "bhds", "bshd", "bshd"), "padding"),
+    (2, 2, 50, 77, 40, ("bhsd",) * 4, None),
+    (1, 2, 33, 70, 20, ("bshd", "bshd", "bhsd", "bshd"), "causal"),
+    (1, 2, 20, 30, 1, ("bhsd",) * 4, None),
 ]
 
 
@@ -148,8 +154,11 @@ def test_knobs_come_from_the_registry_and_keep_accumulators_on_the_stack():
         assert (knobs.pv.mr, knobs.pv.nr) == (4, 4 * lanes if lanes == 16 else 2 * lanes)
         # 197 queries: blocks of two vectors pad fewer rows than blocks of four.
         assert choose_knobs(target, AttentionShape(1, 12, 197, 197, 64)).q_block == 2 * lanes
-    # A head dimension that is no whole number of vectors: no knobs, the graph stays unfused.
-    assert choose_knobs(ZNVER4, AttentionShape(1, 2, 16, 16, 20)) is None
+    # Head dimensions no tile divides: P.V's tiles no wider than the head (whole tiles, then
+    # the channel tail), else the narrowest.
+    for d, nr in ((20, 16), (40, 32), (8, 16), (72, 64)):
+        assert choose_knobs(ZNVER4, AttentionShape(1, 2, 16, 16, d)).pv.nr == nr, d
+    assert choose_knobs(HASWELL, AttentionShape(1, 2, 16, 16, 15)).pv.nr == 8
 
 
 @pytest.mark.parametrize("target", [HASWELL, ZNVER4], ids=["haswell", "znver4"])
@@ -236,14 +245,36 @@ def test_fuse_attention_declines_what_it_cannot_fuse():
 
     module = relax_function([x, mask], scores_used_twice)
     tvm.ir.assert_structural_equal(passes.FuseAttention(HASWELL)(module), module)
-    odd = relax.Var("x", relax.TensorType((1, 2, 16, 20), "float32"))
+    square = relax.Var("x", relax.TensorType((1, 2, 16, 16), "float32"))
 
-    def narrow_heads(bb, q):  # head dimension 20: no whole vectors
+    def softmax_over_queries(bb, q):  # not over the keys: not attention
         probs = bb.emit(relax.op.nn.softmax(bb.emit(relax.op.matmul(
-            q, bb.emit(relax.op.permute_dims(q, [0, 1, 3, 2])))), axis=-1))
+            q, bb.emit(relax.op.permute_dims(q, [0, 1, 3, 2])))), axis=2))
         return relax.op.matmul(probs, q)
 
-    module = relax_function([odd], narrow_heads)
+    module = relax_function([square], softmax_over_queries)
+    tvm.ir.assert_structural_equal(passes.FuseAttention(HASWELL)(module), module)
+
+
+def test_fuse_attention_reads_through_a_flattened_softmax():
+    """TVM imports ONNX's Softmax before opset 13 as ``reshape(softmax(reshape(x, [n, s])),
+    x.shape)``; the pass reads through it (and only when the last axis is kept)."""
+    q = relax.Var("q", relax.TensorType((1, 2, 16, 15), "float32"))
+
+    def flattened(rows):
+        def build(bb, q):
+            scores = bb.emit(relax.op.matmul(q, bb.emit(relax.op.permute_dims(q, [0, 1, 3, 2]))))
+            flat = bb.emit(relax.op.reshape(scores, rows))
+            probs = bb.emit(relax.op.reshape(bb.emit(relax.op.nn.softmax(flat, axis=-1)),
+                                             (1, 2, 16, 16)))
+            return relax.op.matmul(probs, q)
+        return build
+
+    after = passes.FuseAttention(HASWELL)(relax_function([q], flattened((32, 16))))
+    calls = [b.value for b in after["main"].body.blocks[0].bindings]
+    assert [str(c.op.name) for c in calls if isinstance(c, relax.Call)] == ["relax.call_tir"]
+    assert "hybrid_attention" in [gv.name_hint for gv in after.get_global_vars()]
+    module = relax_function([q], flattened((64, 8)))  # rows of 8: not the keys' axis
     tvm.ir.assert_structural_equal(passes.FuseAttention(HASWELL)(module), module)
 
 
@@ -339,6 +370,54 @@ def test_onnx_attention_is_one_kernel_and_matches_onnxruntime(make):
     got = compiled(**wl.inputs)
     want = _onnxruntime(wl.model, wl.inputs)
     np.testing.assert_allclose(np.asarray(got), want, rtol=0,
+                               atol=1e-5 * np.abs(want).max())
+
+
+def _svtr_attention(seq=40, heads=8, d=15) -> onnx.ModelProto:
+    """PP-OCR's SVTR attention as paddle2onnx writes it (opset 11): one QKV projection split
+    by ``Reshape [0, -1, 3, h, d]``, ``Transpose [2, 0, 3, 1, 4]`` and ``Slice``/``Squeeze``,
+    ``Q`` scaled, an opset-11 ``Softmax`` (TVM flattens its rows), the head merge; 15 head
+    channels, which no vector divides."""
+    width = heads * d
+    rng = np.random.default_rng(3)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["qkv"]),
+             helper.make_node("Reshape", ["qkv", "split"], ["heads"]),
+             helper.make_node("Transpose", ["heads"], ["parts"], perm=[2, 0, 3, 1, 4])]
+    for i, name in enumerate("qkv"):
+        nodes += [helper.make_node("Slice", ["parts", f"s{i}", f"e{i}", "axis0"], [f"{name}5"]),
+                  helper.make_node("Squeeze", [f"{name}5"], [f"{name}4"], axes=[0])]
+    nodes += [helper.make_node("Mul", ["q4", "scale"], ["qs"]),
+              helper.make_node("Transpose", ["k4"], ["kt"], perm=[0, 1, 3, 2]),
+              helper.make_node("MatMul", ["qs", "kt"], ["scores"]),
+              helper.make_node("Softmax", ["scores"], ["probs"], axis=-1),
+              helper.make_node("MatMul", ["probs", "v4"], ["out4"]),
+              helper.make_node("Transpose", ["out4"], ["merged"], perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["merged", "merge"], ["out"])]
+    ints = lambda name, values: helper.make_tensor(name, TensorProto.INT64, [len(values)],  # noqa: E731
+                                                   values)
+    inits = [helper.make_tensor("w", TensorProto.FLOAT, [width, 3 * width],
+                                rng.standard_normal(3 * width * width).astype("float32") * 0.1),
+             ints("split", [0, -1, 3, heads, d]), ints("merge", [0, -1, width]), ints("axis0", [0]),
+             helper.make_tensor("scale", TensorProto.FLOAT, [], [d ** -0.5])]
+    inits += [t for i in range(3) for t in (ints(f"s{i}", [i]), ints(f"e{i}", [i + 1]))]
+    value = lambda n, shape: helper.make_tensor_value_info(n, TensorProto.FLOAT, shape)  # noqa: E731
+    graph = helper.make_graph(nodes, "svtr_attention", [value("x", [1, seq, width])],
+                              [value("out", [1, seq, width])], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+    model.ir_version = 8
+    return model
+
+
+def test_paddle_svtr_attention_with_15_head_channels_is_one_kernel():
+    model = _svtr_attention()
+    inputs = {"x": RNG.standard_normal((1, 40, 120)).astype("float32")}
+    compiled = tvm_hybrid.compile(model)
+    names = compiled.kernel_names()
+    assert [n for n in names if n.startswith(FUSED_ATTENTION)] == [FUSED_ATTENTION], names
+    assert not any("softmax" in n for n in names), names
+    assert "Softmax 'probs'" in set(compiled.kernels[FUSED_ATTENTION].nodes)
+    want = _onnxruntime(model, inputs)
+    np.testing.assert_allclose(np.asarray(compiled(**inputs)), want, rtol=0,
                                atol=1e-5 * np.abs(want).max())
 
 

@@ -64,13 +64,16 @@ def _branch(tail: Tail | None, full, partial):
     return body
 
 
-def tail_pieces(kernel: Microkernel, columns: int, narrow: bool = True) -> tuple[int, int]:
+def tail_pieces(kernel: Microkernel, columns: int, narrow: bool = True,
+                exact: bool = False) -> tuple[int, int]:
     """``(whole vectors, lanes of one narrower vector or 0)`` covering ``columns`` of a panel:
     the rest after whole vectors takes a vector of 4 or 8 lanes where ``narrow`` (fp32: an
-    xmm or ymm in a zmm kernel) and narrower than the kernel's, else one more whole vector."""
+    xmm or ymm in a zmm kernel) and narrower than the kernel's, else one more whole vector.
+    ``exact``: a vector of exactly the rest's lanes (operands not padded to a panel, which
+    must not be read past ``columns``; LLVM splits such a vector into legal ones)."""
     whole, rest = divmod(min(columns, kernel.nr), kernel.lanes)
-    if not rest:
-        return whole, 0
+    if not rest or exact:
+        return whole, rest
     piece = max(4, 1 << (rest - 1).bit_length())
     if not narrow or piece >= kernel.lanes:
         return whole + 1, 0
@@ -130,15 +133,18 @@ def reference_update(mr: int, nr: int, kc: int, acc: str, b_at: Callable, cast: 
     return one_row if mr == 1 else body
 
 
-def broadcast_fma(kernel: Microkernel, kc: int, columns: int | None = None):
+def broadcast_fma(kernel: Microkernel, kc: int, columns: int | None = None,
+                  exact: bool = False):
     """The vector body of an ``mr x nr`` fp32 tile over ``kc`` steps, a ``T.macro`` over
     ``A[mr, kc]``, ``B[kc, nr]`` and ``C[mr, nr]`` (any strides): per ``k`` and row, one
     element of ``A`` broadcast and ``nr / lanes`` FMAs with ``B``'s row. The tile intrinsics
     below and the fused attention kernel (``schedules/attention``) share it.
 
-    ``columns``: only the vectors covering the first ``columns`` (:func:`tail_pieces`)."""
+    ``columns``: only the vectors covering the first ``columns`` (:func:`tail_pieces`, with
+    ``exact``)."""
     mr, lanes = kernel.mr, kernel.lanes
-    vectors, piece = (kernel.nr // lanes, 0) if columns is None else tail_pieces(kernel, columns)
+    vectors, piece = ((kernel.nr // lanes, 0) if columns is None
+                      else tail_pieces(kernel, columns, exact=exact))
 
     @T.macro
     def row(A, B, C, i, kk):  # one row's whole vectors at one k
@@ -163,7 +169,14 @@ def broadcast_fma(kernel: Microkernel, kc: int, columns: int | None = None):
                 C[i, T.ramp(start, 1, piece)] = C[i, T.ramp(start, 1, piece)] + T.broadcast(
                     A[i, kk], piece) * B[kk, T.ramp(start, 1, piece)]
 
-    return with_piece if piece else body
+    @T.macro
+    def with_scalar(A, B, C):  # the whole vectors, then one column (an exact rest of one)
+        for kk in T.serial(kc):
+            for i in T.unroll(mr):
+                row(A, B, C, i, kk)
+                C[i, start] = C[i, start] + A[i, kk] * B[kk, start]
+
+    return {0: body, 1: with_scalar}.get(piece, with_piece)
 
 
 def plain_tile_functions(kernel: Microkernel, kc: int, tail: Tail | None = None):

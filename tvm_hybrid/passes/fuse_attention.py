@@ -30,10 +30,14 @@ faster than its fp32 FMAs (AMD Zen 4 and 5; ``heuristics.bf16_attention_pays``),
 fp32 elsewhere.
 ONNX's ``Attention`` op arrives in the fp32 form (``frontend/attention.py``).
 
-Declined, left to the per-op kernels: other dtypes, dynamic shapes, a head dimension that is
-not a whole number of vectors, intermediate values used elsewhere, a boolean mask applied
-after the additive one; for int8 also targets without AVX2 and a ``K^T`` given as such
-(``bhds``). (Masks of either kind are fused in int8 as in fp32.)"""
+The softmax may also be ``reshape(softmax(reshape(S, [n, s])), S.shape)`` with the keys' axis
+kept: TVM's import of ONNX's ``Softmax`` before opset 13 (paddle2onnx's exports).
+
+Declined, left to the per-op kernels: other dtypes, dynamic shapes, intermediate values used
+elsewhere, a boolean mask applied after the additive one; for int8 also targets without AVX2,
+a ``K^T`` given as such (``bhds``) and a head dimension that is not a multiple of the dot
+product's group. (Masks of either kind are fused in int8 as in fp32; any head dimension in
+fp32.)"""
 
 from __future__ import annotations
 
@@ -177,18 +181,17 @@ class _Fuser(TargetMutator):
             return None
         probs_var, v = value.args
         softmax_var, p_quant, p_vars = self._quantized_probs(probs_var)
-        probs = bound_value(self, softmax_var)
-        if not (is_op(probs, "relax.nn.softmax") and self._single(softmax_var)):
-            return None
         rank = len(_shape(value))
-        if rank not in (3, 4) or int(probs.attrs.axis) not in (-1, rank - 1):
+        found = self._softmax_input(softmax_var)
+        if rank not in (3, 4) or found is None:
             return None
+        logits, softmax_vars = found
         # Each intermediate value (scores, scaled, masked) read by the next step only.
-        masked, mask = self._unmask(probs.args[0])
+        masked, mask = self._unmask(logits)
         scores, cond = self._unwhere(masked)
         product_var, scale = self._unscale(scores)
         product = bound_value(self, product_var)
-        chain = list(dict.fromkeys([probs.args[0], masked, scores, product_var]))
+        chain = list(dict.fromkeys([logits, masked, scores, product_var]))
         if not (is_op(product, "relax.matmul") and all(self._single(v) for v in chain)):
             return None
         q, kt = product.args
@@ -227,7 +230,7 @@ class _Fuser(TargetMutator):
         shape = AttentionShape(batch, heads, q_len, kv_len, d, q_layout, k_layout, v_layout,
                                "bhsd", rank, masks.get("mask"), scale, masks.get("cond"),
                                fill, keep_if, quant)
-        absorbed = [*p_vars, softmax_var, *chain, *q_vars, *k_vars, *v_vars]
+        absorbed = [*p_vars, *softmax_vars, *chain, *q_vars, *k_vars, *v_vars]
         return shape, operands, absorbed
 
     def _head_merge(self, value: relax.Expr):
@@ -240,6 +243,34 @@ class _Fuser(TargetMutator):
             return None
         shape, operands, absorbed, attention = found
         return dataclasses.replace(shape, out_layout="bshd"), operands, [*absorbed, attention]
+
+    def _softmax_input(self, var: relax.Expr):
+        """``(x, vars)`` when the single-use ``var`` is ``softmax(x)`` over the last axis, or
+        ``reshape(softmax(reshape(x, [n, s])), x.shape)`` with the last axis kept (how TVM
+        imports ONNX's Softmax before opset 13: rows flattened to 2-D, as Paddle's exports
+        have it); ``vars``: the variables read through. None otherwise."""
+        node = bound_value(self, var)
+        if not self._single(var) or _shape(var) is None:
+            return None
+        if is_op(node, "relax.nn.softmax"):
+            last = int(node.attrs.axis) in (-1, len(_shape(var)) - 1)
+            return (node.args[0], [var]) if last else None
+        if not is_op(node, "relax.reshape"):
+            return None
+        flat_probs = node.args[0]
+        softmax = bound_value(self, flat_probs)
+        if not (self._single(flat_probs) and is_op(softmax, "relax.nn.softmax")
+                and _shape(flat_probs) is not None
+                and int(softmax.attrs.axis) in (-1, len(_shape(flat_probs)) - 1)):
+            return None
+        flat = softmax.args[0]
+        flatten = bound_value(self, flat)
+        if not (self._single(flat) and is_op(flatten, "relax.reshape")):
+            return None
+        logits = flatten.args[0]
+        if _shape(logits) != _shape(var) or _shape(flat)[-1] != _shape(var)[-1]:
+            return None
+        return logits, [var, flat_probs, flat]
 
     def _quantized_probs(self, probs: relax.Expr):
         """``(softmax, (sp, zp), vars)`` for ``dequantize(quantize(softmax, sp, zp), sp, zp)``

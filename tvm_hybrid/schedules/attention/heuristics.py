@@ -19,18 +19,19 @@ Rules, in order:
    4 x 64 (1 KiB, in heap workspace); with AVX2, 2 x 32 and 6 x 16 within noise.
 3. ``pv`` is the best-ranked tile (the GEMM heuristic's ranking; among tiles it ranks equal,
    the tallest) whose ``nr`` divides the head dimension and ``mr`` the query block, of at most
-   16 accumulators (1 KiB): 4 x 64 with AVX-512 (6% faster than 2 x 64; LLVM keeps its
-   accumulators in registers though TVM places the array in workspace, which the assembly
-   test checks), 4 x 16 with AVX2, where the GEMM ranking ties it with 2 x 32 and prefers the
-   wider (a GEMM's ``B`` panel): in ``P . V`` the taller tile loads fewer rows of ``V`` per
-   key, and on a Zen 3 (2 cores, same process) BERT heads ran 4-6% faster at batch 1
-   (s 128, 384), 7-8% at b32 s384 and 18-21% at b32 s128 and b8 s512 (16 heads) than on
-   2 x 32.
+   16 accumulators (1 KiB); for a head dimension no such tile divides (15, 24, 40 with
+   AVX-512), the best-ranked no wider than it (else the narrowest), the channels after its
+   whole tiles on one tile of exactly the rest (the kernel's channel tail). For BERT heads:
+   4 x 64 with AVX-512 (6% faster than 2 x 64; LLVM keeps its accumulators in registers though TVM
+   places the array in workspace, which the assembly test checks), 4 x 16 with AVX2, where the
+   GEMM ranking ties it with 2 x 32 and prefers the wider (a GEMM's ``B`` panel): in ``P . V``
+   the taller tile loads fewer rows of ``V`` per key, and on a Zen 3 (2 cores, same process)
+   BERT heads ran 4-6% faster at batch 1 (s 128, 384), 7-8% at b32 s384 and 18-21% at b32 s128
+   and b8 s512 (16 heads) than on 2 x 32.
 4. ``k_block``: the keys split into equal blocks of at most :data:`KEY_BLOCK` (the scores of a
    block, ``k_block x q_block`` fp32, 32 KiB with AVX-512, stay in L1).
 
-No knobs (None) when the head dimension is not a whole number of vectors or the target has no
-fp32 vector family: the attention then stays unfused.
+No knobs (None) when the target has no fp32 vector family: the attention then stays unfused.
 
 An int8 (QDQ) attention (``shape.quant``) runs on the target's VNNI family (``u8 x s8``,
 ``vpdpbusd``), else on AVX2's s16 family (``vpmaddwd``; :func:`int8_family`): the query
@@ -198,18 +199,25 @@ def choose_knobs(target: Target, shape: AttentionShape) -> AttentionKnobs | None
     family = best_vector_family(target, "float32")
     if family is None or family.first.in_dtype != "float32" or family.first.k_step != 1:
         return None
-    lanes = family.first.lanes
-    if shape.head_dim % lanes:
-        return None
     tiles = register_tiles(family)
-    q_block = _query_block(lanes, shape.q_len)
+    q_block = _query_block(family.first.lanes, shape.q_len)
     qk = [t for t in tiles if t.nr == q_block and t.mr * t.nr * 4 < STACK_BYTES]
-    pv = [t for t in tiles if shape.head_dim % t.nr == 0 and q_block % t.mr == 0]
+    pv = _pv_tiles(tiles, q_block, shape.head_dim)
     if not qk or not pv:
         return None
     blocks = -(-shape.kv_len // KEY_BLOCK)
     return AttentionKnobs(max(qk, key=lambda t: t.mr), max(pv, key=_pv_score),
                           -(-shape.kv_len // blocks))
+
+
+def _pv_tiles(tiles: list[Microkernel], q_block: int, head_dim: int) -> list[Microkernel]:
+    """Rule 3's candidates: ``tiles`` whose rows divide the query block and whose columns
+    divide the head dimension; without any, those no wider than it (whole tiles, then one of
+    the remaining channels), else the narrowest (one tile of the channels alone)."""
+    rows = [t for t in tiles if q_block % t.mr == 0]
+    dividing = [t for t in rows if head_dim % t.nr == 0]
+    narrower = [t for t in rows if t.nr <= head_dim]
+    return dividing or narrower or [t for t in rows if t.nr == min(u.nr for u in rows)]
 
 
 def _pv_score(tile: Microkernel) -> tuple:
@@ -234,9 +242,8 @@ def fits(shape: AttentionShape, knobs: AttentionKnobs) -> bool:
                 and shape.head_dim % qk.k_step == 0
                 and shape.head_dim % pv.mr == 0 and knobs.k_block == shape.kv_len)
     return (qk.nr % qk.lanes == 0 and pv.nr % pv.lanes == 0 and qk.fits_registers()
-            and pv.fits_registers() and shape.head_dim % pv.nr == 0
-            and knobs.q_block % pv.mr == 0 and shape.head_dim % qk.lanes == 0
-            and 0 < knobs.k_block <= shape.kv_len)
+            and pv.fits_registers() and qk.lanes == pv.lanes
+            and knobs.q_block % pv.mr == 0 and 0 < knobs.k_block <= shape.kv_len)
 
 
 def _grouped_variants(family, shape: AttentionShape) -> list[AttentionKnobs]:
@@ -266,8 +273,8 @@ def variants(target: Target, shape: AttentionShape) -> list[AttentionKnobs]:
     out = [heuristic]
     for q_block in (4 * lanes, 2 * lanes):
         qks = sorted((t for t in tiles if t.nr == q_block), key=lambda t: -t.mr)[:2]
-        pvs = sorted((t for t in tiles if shape.head_dim % t.nr == 0 and q_block % t.mr == 0),
-                     key=_pv_score, reverse=True)[:3]
+        pvs = sorted(_pv_tiles(tiles, q_block, shape.head_dim), key=_pv_score,
+                     reverse=True)[:3]
         for size in (64, KEY_BLOCK, 256):
             blocks = -(-shape.kv_len // size)
             k_block = -(-shape.kv_len // blocks)

@@ -19,8 +19,10 @@ operand of its product (read where it lies, in any layout), ``V`` the vector ope
 own. Both products run the fp32 microkernel body of the registry
 (:func:`~tvm_hybrid.microkernels.tiles.broadcast_fma`) on views of the operands. Tails: keys
 that do not fill a ``qk`` tile (and the last, shorter key block) run on a remainder tile of
-fewer rows, so nothing is padded or copied; the last query block reads clamped rows and
-writes only real ones.
+fewer rows, and head channels that do not fill a ``pv`` tile on one tile of exactly the
+remaining columns (whole vectors, then one vector of the rest's lanes: a head dimension of 15
+or 24 reads no channel past its own), so nothing is padded or copied; the last query block
+reads clamped rows and writes only real ones.
 
 The exponential is TVM's ``fast_exp`` polynomial (relative error ~1e-7), vectorised.
 """
@@ -114,6 +116,10 @@ def attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.PrimF
 
     qk_vectors, pv_vectors = qk.nr // lanes, pv.nr // lanes
     pv_tile = {kc: broadcast_fma(pv, kc) for kc in {bk, tail} if kc}
+    # Head channels after the whole pv tiles: one tile of exactly the rest's columns.
+    c_rest = d % pv.nr
+    c0 = d - c_rest
+    pv_rest = {kc: broadcast_fma(pv, kc, c_rest, exact=True) for kc in {bk, tail} if kc}
 
     @T.macro
     def qk_tiles(Kf, M, C, QT, ST, mb, b, h, q0, k0, row0, rows, count):
@@ -171,6 +177,20 @@ def attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.PrimF
                 for v in T.unroll(pv_vectors):
                     Ob[it * pv.mr + i, T.ramp(ct * pv.nr + v * lanes, 1, lanes)] = acc[
                         i, T.ramp(v * lanes, 1, lanes)]
+        if c_rest > 0:
+            for it in range(bq // pv.mr):
+                acc = T.alloc_buffer((pv.mr, pv.nr), "float32")
+                for i in T.unroll(pv.mr):
+                    for c in T.vectorized(c_rest):
+                        acc[i, c] = Ob[it * pv.mr + i, c0 + c]
+                probs = T.decl_buffer((pv.mr, keys), "float32", data=ST.data,
+                                      elem_offset=it * pv.mr, strides=[1, bq])
+                values = T.decl_buffer((keys, c_rest), "float32", data=Vf.data,
+                                       elem_offset=at("v", b, h, k0, c0), strides=[v_row, 1])
+                pv_rest[keys](probs, values, acc)
+                for i in T.unroll(pv.mr):
+                    for c in T.vectorized(c_rest):
+                        Ob[it * pv.mr + i, c0 + c] = acc[i, c]
 
     @T.macro
     def body(Q, K, V, M, C, Out):
