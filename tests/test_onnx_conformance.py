@@ -8,11 +8,13 @@ TVM fails is an xfail whose reason is stock TVM's error.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from conftest import CONFORMANCE
+from onnx import TensorProto, helper
 
 from tvm_hybrid.onnx_backend import HybridBackend, StockTVMBackend
-from tvm_hybrid.testing.conformance import NODE, cases, check_case
+from tvm_hybrid.testing.conformance import NODE, Case, cases, check_case
 
 CASES = cases()
 #: onnx's per-operator cases (~1,900 small models; ~8 minutes on 2 cores): run with -m slow.
@@ -37,6 +39,29 @@ def test_cases_were_found():
     assert len(CASES) > 100
     assert len(NODE_CASES) > 1000 and {c.kind for c in NODE_CASES} == {NODE}
     assert set(KNOWN_NODE_GAPS) <= {c.name for c in NODE_CASES}
+
+
+def test_tensor_proto_data_is_compared_as_arrays():
+    """Generated cases hold TensorProtos where numpy has no dtype (a bfloat16 output here):
+    compared as onnx's runner compares them, so a right result passes and a wrong one fails
+    on its values."""
+    x = np.array([[1.0, -2.5, 3.25]], "float32")
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["x"], ["y"], to=TensorProto.BFLOAT16)], "cast",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, [1, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+
+    def case(expected):
+        bf16 = helper.make_tensor("y", TensorProto.BFLOAT16, [1, 3], expected)
+        return Case("cast_to_bf16", NODE, "", [], 1e-3, 1e-7, model=model,
+                    data=[([helper.make_tensor("x", TensorProto.FLOAT, [1, 3], x.ravel())],
+                           [bf16])])
+
+    assert check_case(case([1.0, -2.5, 3.25]), HybridBackend).ok
+    wrong = check_case(case([1.0, -2.5, 3.5]), HybridBackend)
+    assert not wrong.ok and wrong.reason.startswith("wrong result"), wrong.reason
 
 
 @pytest.mark.parametrize("case", [

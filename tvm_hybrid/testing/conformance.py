@@ -111,6 +111,10 @@ def load_data(case: Case, model: onnx.ModelProto) -> list[tuple[list, list]]:
     return data
 
 
+def _arrays(values: list) -> list:
+    return [numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else v for v in values]
+
+
 def check_case(case: Case, backend) -> Outcome:
     """Run ``case`` through ``backend`` and compare with the reference outputs."""
     start = time.perf_counter()
@@ -120,10 +124,11 @@ def check_case(case: Case, backend) -> Outcome:
         data = case.data if case.data is not None else load_data(case, model)
         rep = backend.prepare(model, "CPU")
         for inputs, expected in data:
-            got = rep.run([numpy_helper.to_array(i) if isinstance(i, onnx.TensorProto) else i
-                           for i in inputs])
-            Runner.assert_similar_outputs(expected, got, rtol=case.rtol, atol=case.atol,
-                                          model_dir=case.name)
+            # Generated cases hold TensorProtos where numpy has no dtype (bfloat16, float8,
+            # int4), inputs and expected outputs alike: normalised as onnx's own runner does.
+            got = rep.run(_arrays(inputs))
+            Runner.assert_similar_outputs(_arrays(expected), got, rtol=case.rtol,
+                                          atol=case.atol, model_dir=case.name)
     except AssertionError as err:
         lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
         detail = next((ln.strip() for ln in lines if "Mismatch" in ln or "Max abs" in ln),
