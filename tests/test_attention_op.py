@@ -15,17 +15,18 @@ import tvm_hybrid
 from tvm_hybrid.errors import UnsupportedModelError
 from tvm_hybrid.passes.fuse_attention import FUSED_ATTENTION
 
-F, B = TensorProto.FLOAT, TensorProto.BOOL
+F, B, I64 = TensorProto.FLOAT, TensorProto.BOOL, TensorProto.INT64
 
 
-def _model(inputs, attrs, outputs=("y",)) -> onnx.ModelProto:
+def _model(inputs, attrs, outputs=("y",), opset=23) -> onnx.ModelProto:
+    """One ``Attention`` node; an input named ``""`` is an omitted optional one."""
     node = helper.make_node("Attention", [n for n, _, _ in inputs], list(outputs),
                             name="attn", **attrs)
     graph = helper.make_graph(
         [node], "attention",
-        [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
+        [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs if n],
         [helper.make_tensor_value_info(o, F, None) for o in outputs])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 10
     return model
 
@@ -79,7 +80,69 @@ def test_attention_op_is_fused_and_matches_onnxruntime(case):
 
 def test_unsupported_attention_attributes_name_the_node():
     inputs = [("q", F, [1, 2, 8, 16]), ("k", F, [1, 2, 8, 16]), ("v", F, [1, 2, 8, 16])]
-    with pytest.raises(UnsupportedModelError, match="'attn'.*softcap"):
-        tvm_hybrid.compile(_model(inputs, {"softcap": 30.0}))
+    with pytest.raises(UnsupportedModelError, match="'attn'.*softmax_precision"):
+        tvm_hybrid.compile(_model(inputs, {"softmax_precision": TensorProto.DOUBLE}))
     with pytest.raises(UnsupportedModelError, match="'attn'.*qk_matmul_output"):
         tvm_hybrid.compile(_model(inputs, {}, ("y", "pk", "pv", "qk")))
+    past = [("pk", F, [1, 2, 4, 16]), ("pv", F, [1, 2, 4, 16]), ("n", I64, [1])]
+    with pytest.raises(UnsupportedModelError, match="'attn'.*nonpad_kv_seqlen"):
+        tvm_hybrid.compile(_model(inputs + [("m", F, [1, 1, 8, 12])] + past, {"is_causal": 1}))
+
+
+#: Forms checked against ONNX's reference implementation of the op (the specification; ONNX
+#: Runtime agrees with it on a causal chunk after a cache): (inputs, attributes, outputs,
+#: whether the attention fuses).
+REFERENCE_CASES = {
+    # A chunk of 3 queries after 4 cached keys: query i sees keys up to 4 + i.
+    "causal_after_past": ([("q", F, [1, 2, 3, 16]), ("k", F, [1, 2, 3, 16]),
+                           ("v", F, [1, 2, 3, 16]), ("", F, None), ("pk", F, [1, 2, 4, 16]),
+                           ("pv", F, [1, 2, 4, 16])], {"is_causal": 1}, ("y", "k2", "v2"), True),
+    "decode_step_causal": ([("q", F, [2, 4, 1, 32]), ("k", F, [2, 4, 1, 32]),
+                            ("v", F, [2, 4, 1, 32]), ("", F, None), ("pk", F, [2, 4, 9, 32]),
+                            ("pv", F, [2, 4, 9, 32])], {"is_causal": 1}, ("y",), True),
+    "sliding_window": ([("q", F, [1, 2, 20, 16]), ("k", F, [1, 2, 20, 16]),
+                        ("v", F, [1, 2, 20, 16])],
+                       {"is_causal": 1, "left_window_size": 4}, ("y",), True),
+    "both_windows_with_past": ([("q", F, [1, 2, 6, 16]), ("k", F, [1, 2, 6, 16]),
+                                ("v", F, [1, 2, 6, 16]), ("", F, None), ("pk", F, [1, 2, 5, 16]),
+                                ("pv", F, [1, 2, 5, 16])],
+                               {"left_window_size": 3, "right_window_size": 1}, ("y",), True),
+    # An external cache of 12 slots, 7 and 10 of them valid (nonpad_kv_seqlen), causal.
+    "nonpad_kv_seqlen": ([("q", F, [2, 2, 3, 16]), ("k", F, [2, 2, 12, 16]),
+                          ("v", F, [2, 2, 12, 16]), ("", F, None), ("", F, None), ("", F, None),
+                          ("n", I64, [2])], {"is_causal": 1}, ("y",), True),
+    # A boolean mask hiding every key from some queries: their outputs are 0, not NaN.
+    "fully_masked_rows": ([("q", F, [1, 2, 6, 16]), ("k", F, [1, 2, 6, 16]),
+                           ("v", F, [1, 2, 6, 16]), ("hide", B, [6, 6])], {}, ("y",), True),
+    # A float mask shorter than the keys: padded with -inf.
+    "short_mask": ([("q", F, [1, 2, 5, 16]), ("k", F, [1, 2, 9, 16]), ("v", F, [1, 2, 9, 16]),
+                    ("m", F, [1, 1, 5, 6])], {}, ("y",), True),
+    # Gemma 2's soft cap (tanh between the products: not fused).
+    "softcap": ([("q", F, [1, 2, 10, 16]), ("k", F, [1, 2, 10, 16]), ("v", F, [1, 2, 10, 16])],
+                {"softcap": 2.0, "is_causal": 1}, ("y",), False),
+}
+
+
+@pytest.mark.parametrize("case", list(REFERENCE_CASES))
+def test_attention_op_matches_the_reference_implementation(case):
+    from onnx.reference import ReferenceEvaluator
+
+    inputs, attrs, outputs, fused = REFERENCE_CASES[case]
+    model = _model(inputs, attrs, outputs, opset=25 if "window_size" in str(attrs)
+                   or case == "nonpad_kv_seqlen" else 23)
+    rng = np.random.default_rng(1)
+    feeds = _feeds(model, rng)
+    if "hide" in feeds:
+        feeds["hide"] = rng.random((6, 6)) < 0.5
+        feeds["hide"][[1, 4]] = False  # queries 1 and 4 see nothing
+    if "n" in feeds:
+        feeds["n"] = np.array([7, 10], "int64")
+    want = ReferenceEvaluator(model).run(None, feeds)
+    compiled = tvm_hybrid.compile(model)
+    fused_kernels = [n for n in compiled.kernel_names() if n.startswith(FUSED_ATTENTION)]
+    assert fused_kernels == ([FUSED_ATTENTION] if fused else []), compiled.kernel_names()
+    got = compiled(**feeds)
+    got = list(got) if isinstance(got, (list, tuple)) else [got]
+    for g, w in zip(got, want):
+        assert np.isfinite(np.asarray(g)).all()
+        np.testing.assert_allclose(np.asarray(g), w, rtol=0, atol=1e-5 * np.abs(w).max())

@@ -9,14 +9,21 @@ nodes that carry ``num_heads`` and converts the standard op::
     K, V = concat(past, K / V) along the sequence        (past_key, past_value)
     K, V = heads repeated when kv_num_heads < q_num_heads  (grouped-query attention)
     S    = Q @ K^T * scale                    (scale: the attribute or 1 / sqrt(d))
-    S    = where(keep, S, -inf)               (a bool attn_mask and/or is_causal)
+    S    = softcap * tanh(S / softcap)        (softcap; the attention then stays unfused)
+    S    = where(keep, S, -inf)               (a bool attn_mask, is_causal, the sliding
+                                               window, nonpad_kv_seqlen's valid keys)
     S    = S + attn_mask                      (a float attn_mask)
     Y    = softmax(S) @ V                     ([b, s, h * d] again for 3-d inputs)
+    Y    = where(the query sees some key, Y, 0)
 
-so the head split and merge are the ``reshape`` + ``permute_dims`` the fused kernel reads
-through. Outputs ``present_key`` / ``present_value`` are the concatenated ``K`` / ``V``.
-Unsupported, with an error naming the node: ``softcap``, the ``qk_matmul_output`` output,
-``softmax_precision`` other than float, dynamic shapes.
+as the specification and ONNX's reference have it: ``is_causal`` and the window are aligned to
+the end of the cache (query ``i`` sees key ``j <= i + past``), a mask shorter than the keys is
+padded with False or -inf, and a query that sees no key gets zeros, not NaN (decided on the
+masks; no such step when only a constant mask that leaves every query a key applies). The
+head split and merge are the ``reshape`` + ``permute_dims`` the fused kernel reads through.
+Outputs ``present_key`` / ``present_value`` are the concatenated ``K`` / ``V``.
+Unsupported, with an error naming the node: the ``qk_matmul_output`` output,
+``softmax_precision`` other than float, dynamic shapes, ``nonpad_kv_seqlen`` with ``past_key``.
 """
 
 from __future__ import annotations
@@ -57,6 +64,76 @@ def _heads_first(bb, x: relax.Expr, heads: int | None, what: str, node: str) -> 
     return bb.emit(relax.op.permute_dims(split, [0, 2, 1, 3]))
 
 
+def _keys_padded(bb, mask: relax.Expr, skv: int, node: str) -> relax.Expr:
+    """``mask`` padded to ``skv`` keys (the specification: with False, or -inf)."""
+    dims = _dims(mask, "attn_mask", node)
+    if dims[-1] == skv:
+        return mask
+    if dims[-1] > skv:
+        raise UnsupportedModelError(f"{node}: attn_mask of shape {dims} has more keys than "
+                                    f"the {skv} of K")
+    boolean = str(mask.ty.dtype) == "bool"
+    fill = np.full((*dims[:-1], skv - dims[-1]), False if boolean else -np.inf,
+                   "bool" if boolean else "float32")
+    return bb.emit(relax.op.concat([mask, relax.const(fill)], axis=-1))
+
+
+def _position_mask(bb, attr, sq: int, skv: int, past_key, nonpad, node: str):
+    """The keys each query may see by position, None (all), a numpy bool ``[sq, skv]`` or a
+    bool tensor: ``is_causal`` and
+    the sliding window (``left_window_size``/``right_window_size``), both aligned to the end
+    of the cache (query ``i`` sits at ``i + offset``, the offset ``past_key``'s length), and
+    with ``nonpad_kv_seqlen`` (an external cache of ``n[b]`` valid keys) the keys below
+    ``n[b]``, the offset ``n[b] - sq``: then the tensor, ``[b, 1, sq, skv]``, computed at
+    run time."""
+    causal = bool(int(attr.get("is_causal", 0)))
+    left, right = int(attr.get("left_window_size", -1)), int(attr.get("right_window_size", -1))
+    # diff[i, j] = (i + offset) - j: causal keeps diff >= 0, the window -right <= diff <= left.
+    rel = np.arange(sq)[:, None] - np.arange(skv)[None, :]
+    if nonpad is None:
+        offset = _dims(past_key, "past_key", node)[2] if past_key is not None else 0
+        diff = rel + offset
+        keep = np.ones((sq, skv), bool)
+        if causal:
+            keep &= diff >= 0
+        if left >= 0:
+            keep &= diff <= left
+        if right >= 0:
+            keep &= -diff <= right
+        return None if keep.all() else keep
+    # n[b] as [b, 1, 1, 1]: diff = rel + n[b] - sq; valid keys j < n[b].
+    lengths = bb.emit(relax.op.reshape(bb.emit(relax.op.astype(nonpad, "int64")),
+                                       (-1, 1, 1, 1)))
+    diff = bb.emit(relax.op.add(relax.const(rel[None, None] - sq, "int64"), lengths))
+    keep = bb.emit(relax.op.less(relax.const(np.arange(skv, dtype="int64")), lengths))
+    bounds = [(causal, relax.op.greater_equal, diff, 0), (left >= 0, relax.op.less_equal, diff,
+                                                          left)]
+    if right >= 0:
+        bounds.append((True, relax.op.greater_equal, diff, -right))
+    for wanted, compare, value, bound in bounds:
+        if wanted:
+            keep = bb.emit(relax.op.logical_and(keep, bb.emit(compare(
+                value, relax.const(bound, "int64")))))
+    return keep
+
+
+def _masked_rows_zeroed(bb, y: relax.Expr, keep, additive) -> relax.Expr:
+    """``y`` with the rows of queries that see no key at all set to 0 (the specification;
+    the softmax would give NaN): decided on the masks ``keep`` (bool) and ``additive``, as
+    ONNX's reference does."""
+    # Whether each key is seen, as 0 or 1 (a max over -inf alone would give TVM's reduction
+    # start, the lowest finite float, not -inf).
+    seen = keep
+    if additive is not None:
+        finite = bb.emit(relax.op.greater(additive, relax.const(-np.inf, "float32")))
+        seen = finite if seen is None else bb.emit(relax.op.logical_and(seen, finite))
+    any_key = bb.emit(relax.op.max(bb.emit(relax.op.astype(seen, "float32")), axis=-1,
+                                   keepdims=True))
+    seen = bb.emit(relax.op.greater(any_key, relax.const(0.5, "float32")))
+    zero = relax.const(0.0, "float32")
+    return bb.emit(relax.op.where(seen, y, zero))
+
+
 class Attention(OnnxOpConverter):
     """ONNX ``Attention`` (opset 23) and, with ``num_heads``, the ``com.microsoft`` op."""
 
@@ -66,16 +143,17 @@ class Attention(OnnxOpConverter):
             return _ContribAttention._impl_v1(bb, inputs, attr, params)
         custom = attr.get("tvm_custom", {})
         node = f"Attention node {custom.get('name', '')!r}"
-        if float(attr.get("softcap", 0.0)) != 0.0:
-            raise UnsupportedModelError(f"{node}: softcap is not supported")
         if int(attr.get("softmax_precision", _FLOAT)) != _FLOAT:
             raise UnsupportedModelError(f"{node}: softmax_precision other than float is not "
                                         "supported")
         outputs = int(custom.get("num_outputs", 1))
         if outputs > 3:
             raise UnsupportedModelError(f"{node}: the qk_matmul_output output is not supported")
-        inputs = list(inputs) + [None] * (6 - len(inputs))
-        q_in, k_in, v_in, mask, past_key, past_value = inputs[:6]
+        inputs = list(inputs) + [None] * (7 - len(inputs))
+        q_in, k_in, v_in, mask, past_key, past_value, nonpad = inputs[:7]
+        if nonpad is not None and past_key is not None:
+            raise UnsupportedModelError(f"{node}: nonpad_kv_seqlen cannot be combined with "
+                                        "past_key (the ONNX specification)")
         rank = len(_dims(q_in, "Q", node))
         q_heads, kv_heads = attr.get("q_num_heads"), attr.get("kv_num_heads")
         q = _heads_first(bb, q_in, q_heads, "Q", node)
@@ -97,10 +175,20 @@ class Attention(OnnxOpConverter):
         scale = float(attr["scale"]) if "scale" in attr else 1.0 / math.sqrt(d)
         scores = bb.emit(relax.op.matmul(q, bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2]))))
         scores = bb.emit(relax.op.multiply(scores, relax.const(scale, "float32")))
-        keep = None
-        if int(attr.get("is_causal", 0)):
-            # Upper-left aligned: query i sees keys 0..i.
-            keep = relax.const(np.tril(np.ones((sq, skv), bool)))
+        softcap = float(attr.get("softcap", 0.0))
+        if softcap > 0.0:  # before the masks, so -inf stays -inf (not fused: tanh in between)
+            scaled = bb.emit(relax.op.multiply(scores, relax.const(1.0 / softcap, "float32")))
+            scores = bb.emit(relax.op.multiply(bb.emit(relax.op.tanh(scaled)),
+                                               relax.const(softcap, "float32")))
+        if mask is not None:
+            mask = _keys_padded(bb, mask, skv, node)
+        keep = _position_mask(bb, attr, sq, skv, past_key, nonpad, node)
+        # A query may see no key only under a mask given at run time or a position mask
+        # that hides every key from some query.
+        guarded = mask is not None or nonpad is not None or (
+            isinstance(keep, np.ndarray) and not keep.any(axis=-1).all())
+        if isinstance(keep, np.ndarray):
+            keep = relax.const(keep)
         additive = None
         if mask is not None:
             if str(mask.ty.dtype) == "bool":
@@ -114,6 +202,8 @@ class Attention(OnnxOpConverter):
             scores = bb.emit(relax.op.add(scores, additive))
         probs = bb.emit(relax.op.nn.softmax(scores, axis=-1))
         y = bb.emit(relax.op.matmul(probs, v))
+        if guarded:
+            y = _masked_rows_zeroed(bb, y, keep, additive)
         if rank == 3:
             merged = bb.emit(relax.op.permute_dims(y, [0, 2, 1, 3]))
             y = bb.emit(relax.op.reshape(merged, (b, sq, hq * _dims(y, "V", node)[-1])))
