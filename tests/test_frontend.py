@@ -302,3 +302,43 @@ def test_one_hot_with_a_one_element_depth(depth, rng):
     got = _outputs(tvm_hybrid.compile(model), feeds)[0]
     np.testing.assert_array_equal(got, _ort(model, feeds)[0])
     assert got.shape == (2, n, 6)
+
+
+def _nms(scalars_as_inputs: bool) -> onnx.ModelProto:
+    values = [_int64("limit", [3]), helper.make_tensor("iou", TensorProto.FLOAT, (1,), [0.5]),
+              helper.make_tensor("floor", TensorProto.FLOAT, (1,), [0.2])]
+    boxes = [helper.make_tensor_value_info("boxes", TensorProto.FLOAT, [1, 6, 4]),
+             helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 2, 6])]
+    scalars = [helper.make_tensor_value_info(v.name, v.data_type, [1]) for v in values]
+    return _model([helper.make_node("NonMaxSuppression", ["boxes", "scores", "limit", "iou",
+                                                          "floor"], ["picked"], name="nms")],
+                  boxes + (scalars if scalars_as_inputs else []),
+                  [helper.make_tensor_value_info("picked", TensorProto.INT64, [None, 3])],
+                  [] if scalars_as_inputs else values, opset=11)
+
+
+def test_non_max_suppression_needs_constant_limits(rng):
+    """TVM's converter replaces limits given at run time by defaults (max_output_boxes 0: no
+    box selected): refused with the node and input named. Constant limits match ONNX
+    Runtime."""
+    boxes = np.array([[[0, 0, 1, 1], [0, 0.1, 1, 1.1], [0, -0.1, 1, 0.9], [0, 10, 1, 11],
+                       [0, 10.1, 1, 11.1], [0, 100, 1, 101]]], "float32")
+    feeds = {"boxes": boxes, "scores": rng.random((1, 2, 6)).astype("float32")}
+    model = _nms(False)
+    np.testing.assert_array_equal(_outputs(tvm_hybrid.compile(model), feeds)[0],
+                                  _ort(model, feeds)[0])
+    with pytest.raises(UnsupportedModelError,
+                       match="'nms': max_output_boxes_per_class is given at run time"):
+        tvm_hybrid.compile(_nms(True))
+
+
+@pytest.mark.parametrize("positive,negative", [(1, 0), (0, 1), (1, 1), (0, 0)])
+def test_is_inf_detects_the_signs_asked_for(positive, negative):
+    """TVM's converter ignored ``detect_positive`` / ``detect_negative``."""
+    model = _model([helper.make_node("IsInf", ["x"], ["y"], detect_positive=positive,
+                                     detect_negative=negative)],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6])],
+                   [helper.make_tensor_value_info("y", TensorProto.BOOL, None)], opset=10)
+    x = np.array([-np.inf, np.inf, 0.0, np.nan, -1.0, 3e38], "float32")
+    want = (np.isposinf(x) & bool(positive)) | (np.isneginf(x) & bool(negative))
+    np.testing.assert_array_equal(_outputs(tvm_hybrid.compile(model), {"x": x})[0], want)

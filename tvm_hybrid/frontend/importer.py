@@ -117,7 +117,8 @@ def import_model(
             warnings.simplefilter("ignore")
             mod = from_onnx(proto, shape_dict=shape_dict or None, keep_params_in_input=False)
     except Exception as err:
-        if isinstance(err, tvm.error.OpNotImplemented):
+        if isinstance(err, (tvm.error.OpNotImplemented, UnsupportedModelError)):
+            # A converter's own refusal (ours name the node and what is missing): as it is.
             message = f"{source}: {first_line(err)}"
         else:
             found = re.search(r"Error converting operator (\w+)", printed.getvalue())
