@@ -342,3 +342,24 @@ def test_is_inf_detects_the_signs_asked_for(positive, negative):
     x = np.array([-np.inf, np.inf, 0.0, np.nan, -1.0, 3e38], "float32")
     want = (np.isposinf(x) & bool(positive)) | (np.isneginf(x) & bool(negative))
     np.testing.assert_array_equal(_outputs(tvm_hybrid.compile(model), {"x": x})[0], want)
+
+
+@pytest.mark.parametrize("strides,output_shape,auto_pad", [
+    ([3, 2], [16, 10], "NOTSET"),     # longer than the full result: output_padding
+    ([2, 2], [10, 9], "NOTSET"),      # shorter: cropped, the odd row at the start
+    ([2, 2], [10, 9], "SAME_UPPER"),  # the odd row at the end
+], ids=["longer", "shorter", "same_upper"])
+def test_conv_transpose_output_shape(strides, output_shape, auto_pad, rng):
+    """TVM's converter ignored ``output_shape`` (the output had the unpadded size)."""
+    model = _model([helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], strides=strides,
+                                     output_shape=output_shape, auto_pad=auto_pad)],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 5, 4])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                   [onnx.numpy_helper.from_array(rng.standard_normal((3, 2, 3, 3)).astype(
+                       "float32"), "w"), onnx.numpy_helper.from_array(
+                       np.array([0.5, -1.0], "float32"), "b")], opset=11)
+    feeds = {"x": rng.standard_normal((1, 3, 5, 4)).astype("float32")}
+    got = _outputs(tvm_hybrid.compile(model), feeds)[0]
+    want = _ort(model, feeds)[0]
+    assert got.shape == want.shape == (1, 2, *output_shape)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -5,12 +5,19 @@
   defaults (0, 0.5, 0.0): with the default 0 the op selects no box at all. Such inputs now raise
   an error naming the node and the input; constant ones convert as before.
 * ``IsInf`` ignores ``detect_positive`` and ``detect_negative``: here they select the sign.
+* ``ConvTranspose`` ignores ``output_shape`` (tf2onnx writes it): the output had the size of no
+  padding. Here the specification's padding is derived from it (the total split as ``auto_pad``
+  says, ``SAME_UPPER`` putting the odd unit at the end, anything else at the start); a
+  negative end (an output longer than the full transposed convolution) becomes
+  ``output_padding``. Output sizes that would need rows before the start, or more extra rows
+  than the stride, are refused by name.
 """
 
 from __future__ import annotations
 
 import tvm
 from tvm import relax
+from tvm.relax.frontend.onnx.onnx_frontend import ConvTranspose as _StockConvTranspose
 from tvm.relax.frontend.onnx.onnx_frontend import NonMaxSuppression as _StockNMS
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
@@ -55,4 +62,45 @@ class IsInf(OnnxOpConverter):
         return relax.op.logical_and(bb.emit(inf), bb.emit(sign))
 
 
-CONVERTERS = {"NonMaxSuppression": NonMaxSuppression, "IsInf": IsInf}
+class ConvTranspose(OnnxOpConverter):
+    """ONNX ``ConvTranspose`` with ``output_shape`` turned into pads, then TVM's conversion."""
+
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        if "output_shape" not in attr:
+            return _StockConvTranspose._impl_v1(bb, inputs, attr, params)
+        node = f"ConvTranspose node {attr.get('tvm_custom', {}).get('name', '')!r}"
+        out = [int(v) for v in attr["output_shape"]]
+        shape = inputs[0].ty.shape
+        dims = list(shape.values)[2:] if shape is not None and hasattr(shape, "values") else []
+        if len(dims) != len(out) or not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
+            raise UnsupportedModelError(f"{node}: output_shape {out} needs the input's spatial "
+                                        "size known; pass input_shapes to compile")
+        n = len(out)
+        strides = list(attr.get("strides", [1] * n))
+        dilations = list(attr.get("dilations", [1] * n))
+        extra = list(attr.get("output_padding", [0] * n))
+        kernel = list(attr.get("kernel_shape", [int(k) for k in inputs[1].ty.shape.values[2:]]))
+        auto_pad = attr.get("auto_pad", "NOTSET")
+        auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+        begin, end = [], []
+        for i in range(n):
+            total = (strides[i] * (int(dims[i]) - 1) + extra[i]
+                     + (kernel[i] - 1) * dilations[i] + 1 - out[i])
+            first = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
+            last = total - first
+            if last < 0:
+                extra[i], last = extra[i] - last, 0
+            if first < 0 or extra[i] >= max(strides[i], dilations[i]):
+                raise UnsupportedModelError(
+                    f"{node}: output_shape {out} is larger than the transposed convolution of "
+                    f"{[int(d) for d in dims]} can produce with its pads")
+            begin.append(first)
+            end.append(last)
+        attr = {k: v for k, v in attr.items() if k not in ("output_shape", "auto_pad")}
+        attr.update(pads=begin + end, output_padding=extra)
+        return _StockConvTranspose._impl_v1(bb, inputs, attr, params)
+
+
+CONVERTERS = {"NonMaxSuppression": NonMaxSuppression, "IsInf": IsInf,
+              "ConvTranspose": ConvTranspose}
