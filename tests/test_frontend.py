@@ -363,3 +363,20 @@ def test_conv_transpose_output_shape(strides, output_shape, auto_pad, rng):
     want = _ort(model, feeds)[0]
     assert got.shape == want.shape == (1, 2, *output_shape)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("axis", [-1, 1])
+def test_layer_normalization_mean_and_inverse_deviation_outputs(axis, rng):
+    """TVM's converter returned 0 for the optional ``Mean`` and ``InvStdDev`` outputs."""
+    shape = (2, 5, 16)
+    norm = shape[axis:] if axis != -1 else shape[-1:]
+    model = _model([helper.make_node("LayerNormalization", ["x", "g", "b"], ["y", "m", "s"],
+                                     axis=axis, epsilon=1e-3)],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                   [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "yms"],
+                   [onnx.numpy_helper.from_array(rng.standard_normal(norm).astype("float32"), n)
+                    for n in "gb"], opset=17)
+    feeds = {"x": (rng.standard_normal(shape) * 3 + 1).astype("float32")}
+    for got, want in zip(_outputs(tvm_hybrid.compile(model), feeds), _ort(model, feeds)):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

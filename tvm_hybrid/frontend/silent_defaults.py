@@ -11,6 +11,8 @@
   negative end (an output longer than the full transposed convolution) becomes
   ``output_padding``. Output sizes that would need rows before the start, or more extra rows
   than the stride, are refused by name.
+* ``LayerNormalization`` returns 0 for its optional ``Mean`` and ``InvStdDev`` outputs: here
+  they are computed (over the normalised axes, kept as 1s) when the node has them.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 from tvm.relax.frontend.onnx.onnx_frontend import ConvTranspose as _StockConvTranspose
+from tvm.relax.frontend.onnx.onnx_frontend import LayerNormalization as _StockLayerNorm
 from tvm.relax.frontend.onnx.onnx_frontend import NonMaxSuppression as _StockNMS
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
@@ -102,5 +105,26 @@ class ConvTranspose(OnnxOpConverter):
         return _StockConvTranspose._impl_v1(bb, inputs, attr, params)
 
 
+class LayerNormalization(OnnxOpConverter):
+    """ONNX ``LayerNormalization`` with its ``Mean`` and ``InvStdDev`` outputs computed."""
+
+    @classmethod
+    def _impl_v17(cls, bb, inputs, attr, params):
+        stock = _StockLayerNorm._impl_v17(bb, inputs, attr, params)
+        if int(attr.get("tvm_custom", {}).get("num_outputs", 1)) < 2:
+            return stock
+        x = inputs[0]
+        rank = len(x.ty.shape.values)
+        axis = int(attr.get("axis", -1)) % rank
+        axes = list(range(axis, rank))
+        mean = bb.emit(relax.op.mean(x, axis=axes, keepdims=True))
+        centred = bb.emit(relax.op.subtract(x, mean))
+        variance = bb.emit(relax.op.mean(bb.emit(relax.op.multiply(centred, centred)),
+                                         axis=axes, keepdims=True))
+        epsilon = relax.const(float(attr.get("epsilon", 1e-5)), str(x.ty.dtype))
+        inv_std = bb.emit(relax.op.rsqrt(bb.emit(relax.op.add(variance, epsilon))))
+        return relax.Tuple([bb.emit(relax.TupleGetItem(bb.emit(stock), 0)), mean, inv_std])
+
+
 CONVERTERS = {"NonMaxSuppression": NonMaxSuppression, "IsInf": IsInf,
-              "ConvTranspose": ConvTranspose}
+              "ConvTranspose": ConvTranspose, "LayerNormalization": LayerNormalization}
