@@ -380,3 +380,19 @@ def test_layer_normalization_mean_and_inverse_deviation_outputs(axis, rng):
     for got, want in zip(_outputs(tvm_hybrid.compile(model), feeds), _ort(model, feeds)):
         assert got.shape == want.shape
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_expand_to_a_shape_given_at_run_time(rng):
+    """The shape as a graph input, with 1s where the data is larger: broadcast both ways
+    (TVM's converter broadcast to the shape as given, and gave those dimensions 1)."""
+    model = _model([helper.make_node("Expand", ["x", "shape"], ["y"])],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 1]),
+                    helper.make_tensor_value_info("shape", TensorProto.INT64, [3])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], opset=13)
+    compiled = tvm_hybrid.compile(model)
+    for shape in ([2, 1, 6], [1, 3, 1], [4, 3, 2]):
+        feeds = {"x": rng.standard_normal((3, 1)).astype("float32"),
+                 "shape": np.array(shape, np.int64)}
+        got, want = _outputs(compiled, feeds)[0], _ort(model, feeds)[0]
+        assert got.shape == want.shape, shape
+        np.testing.assert_array_equal(got, want)

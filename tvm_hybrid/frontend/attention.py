@@ -105,7 +105,7 @@ def _position_mask(bb, attr, sq: int, skv: int, past_key, nonpad, node: str):
     lengths = bb.emit(relax.op.reshape(bb.emit(relax.op.astype(nonpad, "int64")),
                                        (-1, 1, 1, 1)))
     diff = bb.emit(relax.op.add(relax.const(rel[None, None] - sq, "int64"), lengths))
-    keep = bb.emit(relax.op.less(relax.const(np.arange(skv, dtype="int64")), lengths))
+    keep = bb.emit(relax.op.less(relax.const(np.arange(skv), "int64"), lengths))
     bounds = [(causal, relax.op.greater_equal, diff, 0), (left >= 0, relax.op.less_equal, diff,
                                                           left)]
     if right >= 0:

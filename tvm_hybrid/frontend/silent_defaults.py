@@ -11,15 +11,21 @@
   negative end (an output longer than the full transposed convolution) becomes
   ``output_padding``. Output sizes that would need rows before the start, or more extra rows
   than the stride, are refused by name.
+* ``Expand`` with a shape computed at run time broadcast to that shape as given, so a 1 in it
+  against a larger input dimension gave that dimension 1 (the specification broadcasts both
+  ways: ``[3, 1]`` expanded by ``[2, 1, 6]`` is ``[2, 3, 6]``). Here the shape is first
+  raised to the input's dimensions (an element-wise maximum, right-aligned).
 * ``LayerNormalization`` returns 0 for its optional ``Mean`` and ``InvStdDev`` outputs: here
   they are computed (over the normalised axes, kept as 1s) when the node has them.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import tvm
 from tvm import relax
 from tvm.relax.frontend.onnx.onnx_frontend import ConvTranspose as _StockConvTranspose
+from tvm.relax.frontend.onnx.onnx_frontend import Expand as _StockExpand
 from tvm.relax.frontend.onnx.onnx_frontend import LayerNormalization as _StockLayerNorm
 from tvm.relax.frontend.onnx.onnx_frontend import NonMaxSuppression as _StockNMS
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
@@ -126,5 +132,28 @@ class LayerNormalization(OnnxOpConverter):
         return relax.Tuple([bb.emit(relax.TupleGetItem(bb.emit(stock), 0)), mean, inv_std])
 
 
-CONVERTERS = {"NonMaxSuppression": NonMaxSuppression, "IsInf": IsInf,
+class Expand(OnnxOpConverter):
+    """ONNX ``Expand`` broadcasting both ways when its shape is known only at run time."""
+
+    @classmethod
+    def _impl_v8(cls, bb, inputs, attr, params):
+        return cls._impl_v13(bb, inputs, attr, params)
+
+    @classmethod
+    def _impl_v13(cls, bb, inputs, attr, params):
+        data, shape = inputs[0], inputs[1]
+        runtime = not isinstance(shape, (relax.ShapeExpr, tvm.ir.GenericConst)) and isinstance(
+            getattr(shape, "ty", None), relax.TensorType)
+        dims = list(data.ty.shape.values) if runtime and data.ty.shape is not None else None
+        length = shape.ty.shape.values[0] if runtime and shape.ty.shape is not None else None
+        if dims is not None and isinstance(length, tvm.tirx.IntImm) and all(
+                isinstance(d, tvm.tirx.IntImm) for d in dims) and int(length) >= len(dims):
+            floor = [1] * (int(length) - len(dims)) + [int(d) for d in dims]
+            shape = bb.emit(relax.op.maximum(bb.emit(relax.op.astype(shape, "int64")),
+                                             relax.const(np.array(floor), "int64")))
+            inputs = [data, shape, *inputs[2:]]
+        return _StockExpand._impl_v13(bb, inputs, attr, params)
+
+
+CONVERTERS = {"NonMaxSuppression": NonMaxSuppression, "IsInf": IsInf, "Expand": Expand,
               "ConvTranspose": ConvTranspose, "LayerNormalization": LayerNormalization}
