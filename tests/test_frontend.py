@@ -396,3 +396,35 @@ def test_expand_to_a_shape_given_at_run_time(rng):
         got, want = _outputs(compiled, feeds)[0], _ort(model, feeds)[0]
         assert got.shape == want.shape, shape
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("rank,interleaved,rotary", [(4, 0, 0), (4, 1, 8), (3, 0, 8), (3, 1, 0)])
+def test_rotary_embedding_matches_the_reference(rank, interleaved, rotary, rng):
+    """ONNX's ``RotaryEmbedding`` (opset 23; TVM's importer lacks it), against ONNX's reference
+    implementation: rank 4 and rank 3 with ``num_heads``, halves and interleaved pairs, the
+    whole head or its first 8 channels, position ids into a cache of 32 positions."""
+    from onnx.reference import ReferenceEvaluator
+
+    b, s, h, d = 2, 7, 3, 16
+    half = (rotary or d) // 2
+    shape = [b, h, s, d] if rank == 4 else [b, s, h * d]
+    attrs = {"interleaved": interleaved, "rotary_embedding_dim": rotary}
+    if rank == 3:
+        attrs["num_heads"] = h
+    model = _model([helper.make_node("RotaryEmbedding", ["x", "cos", "sin", "pos"], ["y"],
+                                     **attrs)],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape),
+                    helper.make_tensor_value_info("pos", TensorProto.INT64, [b, s])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                   [onnx.numpy_helper.from_array(f(np.arange(32)[:, None] * 0.1 * np.arange(
+                       1, half + 1)).astype("float32"), n) for f, n in ((np.cos, "cos"),
+                                                                         (np.sin, "sin"))],
+                   opset=23)
+    feeds = {"x": rng.standard_normal(shape).astype("float32"),
+             "pos": rng.integers(0, 32, (b, s)).astype(np.int64)}
+    compiled = tvm_hybrid.compile(model)
+    want = ReferenceEvaluator(model).run(None, feeds)[0]
+    np.testing.assert_allclose(_outputs(compiled, feeds)[0], want, rtol=1e-5, atol=1e-6)
+    feeds["pos"][1, 3] = 32  # past the cache: refused before anything reads it
+    with pytest.raises(tvm_hybrid.errors.InputError, match="pos"):
+        compiled(**feeds)
