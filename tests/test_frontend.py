@@ -428,3 +428,32 @@ def test_rotary_embedding_matches_the_reference(rank, interleaved, rotary, rng):
     feeds["pos"][1, 3] = 32  # past the cache: refused before anything reads it
     with pytest.raises(tvm_hybrid.errors.InputError, match="pos"):
         compiled(**feeds)
+
+
+@pytest.mark.parametrize("p,axis", [(2, -1), (1, 1), (2, 0)])
+def test_lp_normalization_matches_onnxruntime(p, axis, rng):
+    """``LpNormalization`` (missing in TVM's importer), a zero row included (0, as in ONNX
+    Runtime and ONNX's reference), against numpy and ONNX Runtime."""
+    model = _model([helper.make_node("LpNormalization", ["x"], ["y"], p=p, axis=axis)],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6, 5])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], opset=13)
+    x = rng.standard_normal((4, 6, 5)).astype("float32")
+    x[1, 2, :] = 0.0
+    got = _outputs(tvm_hybrid.compile(model), {"x": x})[0]
+    norm = np.sum(np.abs(x) ** p, axis=axis, keepdims=True) ** (1 / p)
+    want = np.where(norm == 0, 0, x / np.where(norm == 0, 1, norm))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got, _ort(model, {"x": x})[0], rtol=1e-5, atol=1e-6)
+
+
+def test_swish_matches_the_reference(rng):
+    """``Swish`` (opset 24; missing in TVM's importer): ``x * sigmoid(alpha * x)``."""
+    from onnx.reference import ReferenceEvaluator
+
+    model = _model([helper.make_node("Swish", ["x"], ["y"], alpha=0.7)],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 40])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], opset=24)
+    feeds = {"x": (rng.standard_normal((3, 40)) * 4).astype("float32")}
+    np.testing.assert_allclose(_outputs(tvm_hybrid.compile(model), feeds)[0],
+                               ReferenceEvaluator(model).run(None, feeds)[0], rtol=1e-5,
+                               atol=1e-6)

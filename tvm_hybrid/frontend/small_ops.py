@@ -1,6 +1,9 @@
-"""Two ops TVM 0.27's ONNX importer lacks or gets wrong on valid models.
+"""Small ops TVM 0.27's ONNX importer lacks or gets wrong on valid models.
 
 * ``Celu`` (opset 12) is missing: ``max(0, x) + min(0, alpha * (exp(x / alpha) - 1))``.
+* ``Swish`` (opset 24) is missing: ``x * sigmoid(alpha * x)``.
+* ``LpNormalization`` is missing: ``x / (sum |x|^p)^(1/p)`` along ``axis`` (``p`` 1 or 2), 0
+  where that norm is 0 (ONNX's reference).
 * ``OneHot`` reads ``depth`` with ``tolist()``: the spec's rank-1, one-element ``depth`` (what
   exporters write) becomes a list and ``relax.op.one_hot`` rejects it with a type error. Here a
   constant one-element ``depth`` (integer or float, as the spec allows) is made a scalar first;
@@ -14,6 +17,8 @@ import tvm
 from tvm import relax
 from tvm.relax.frontend.onnx.onnx_frontend import OneHot as _StockOneHot
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter, get_constant
+
+from ..errors import UnsupportedModelError
 
 
 class Celu(OnnxOpConverter):
@@ -29,6 +34,39 @@ class Celu(OnnxOpConverter):
         expm1 = relax.op.subtract(relax.op.exp(scaled), relax.const(1.0, dtype))
         negative = relax.op.multiply(relax.const(alpha, dtype), expm1)
         return relax.op.add(relax.op.maximum(x, zero), relax.op.minimum(negative, zero))
+
+
+class Swish(OnnxOpConverter):
+    """ONNX ``Swish``: ``x * sigmoid(alpha * x)``."""
+
+    @classmethod
+    def _impl_v24(cls, bb, inputs, attr, params):
+        x = inputs[0]
+        alpha = relax.const(float(attr.get("alpha", 1.0)), str(x.ty.dtype))
+        return relax.op.multiply(x, relax.op.sigmoid(relax.op.multiply(x, alpha)))
+
+
+class LpNormalization(OnnxOpConverter):
+    """ONNX ``LpNormalization``: ``x`` over its ``p``-norm along ``axis`` (0 where it is 0)."""
+
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        x = inputs[0]
+        dtype = str(x.ty.dtype)
+        axis, p = int(attr.get("axis", -1)), int(attr.get("p", 2))
+        if p not in (1, 2):
+            raise UnsupportedModelError(
+                f"LpNormalization node {attr.get('tvm_custom', {}).get('name', '')!r}: p = "
+                f"{p}; the specification allows 1 or 2")
+        if p == 1:
+            norm = relax.op.sum(relax.op.abs(x), axis=[axis], keepdims=True)
+        else:
+            norm = relax.op.sqrt(relax.op.sum(relax.op.multiply(x, x), axis=[axis],
+                                              keepdims=True))
+        norm = bb.emit(norm)
+        zero = relax.const(0.0, dtype)
+        safe = relax.op.where(relax.op.equal(norm, zero), relax.const(1.0, dtype), norm)
+        return relax.op.where(relax.op.equal(norm, zero), zero, relax.op.divide(x, safe))
 
 
 class OneHot(OnnxOpConverter):
@@ -47,4 +85,5 @@ class OneHot(OnnxOpConverter):
         return _StockOneHot._impl_v11(bb, inputs, attr, params)
 
 
-CONVERTERS = {"Celu": Celu, "OneHot": OneHot}
+CONVERTERS = {"Celu": Celu, "OneHot": OneHot, "Swish": Swish,
+              "LpNormalization": LpNormalization}
