@@ -457,3 +457,24 @@ def test_swish_matches_the_reference(rng):
     np.testing.assert_allclose(_outputs(tvm_hybrid.compile(model), feeds)[0],
                                ReferenceEvaluator(model).run(None, feeds)[0], rtol=1e-5,
                                atol=1e-6)
+
+
+@pytest.mark.parametrize("base,exponent", [("float32", "int64"), ("int64", "int64"),
+                                           ("int32", "float32")])
+def test_pow_on_mixed_types_matches_onnxruntime(base, exponent, rng):
+    """``Pow`` with an integer exponent (or base): TVM refused the mix on its type check and
+    failed on integer ``Pow`` in constant folding."""
+    types = {"float32": TensorProto.FLOAT, "int64": TensorProto.INT64,
+             "int32": TensorProto.INT32}
+    model = _model([helper.make_node("Pow", ["x", "y"], ["z"])],
+                   [helper.make_tensor_value_info("x", types[base], [5, 4]),
+                    helper.make_tensor_value_info("y", types[exponent], [4])],
+                   [helper.make_tensor_value_info("z", types[base], None)], opset=15)
+    feeds = {"x": (rng.integers(-4, 5, (5, 4)) if base != "float32"
+                   else rng.standard_normal((5, 4)) * 2).astype(base),
+             "y": (np.array([0, 1, 2, 3]) if exponent != "float32"
+                   else np.array([0.0, 1.0, 2.0, 3.0])).astype(exponent)}
+    got = _outputs(tvm_hybrid.compile(model), feeds)[0]
+    want = _ort(model, feeds)[0]
+    assert got.dtype == want.dtype
+    np.testing.assert_allclose(got, want, rtol=1e-6)

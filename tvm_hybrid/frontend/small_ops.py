@@ -2,6 +2,11 @@
 
 * ``Celu`` (opset 12) is missing: ``max(0, x) + min(0, alpha * (exp(x / alpha) - 1))``.
 * ``Swish`` (opset 24) is missing: ``x * sigmoid(alpha * x)``.
+* ``Pow`` with operands of different types (``float ** int64``, as exporters write integer
+  exponents, or an integer base) fails in TVM on the type check, and integer ``Pow`` fails in
+  its constant folding: the exponent is cast to a float base's type; an integer base is
+  raised in float64 and cast back (rounded for an integer exponent, truncated otherwise, as
+  ONNX's reference casts).
 * ``LpNormalization`` is missing: ``x / (sum |x|^p)^(1/p)`` along ``axis`` (``p`` 1 or 2), 0
   where that norm is 0 (ONNX's reference).
 * ``OneHot`` reads ``depth`` with ``tolist()``: the spec's rank-1, one-element ``depth`` (what
@@ -46,6 +51,24 @@ class Swish(OnnxOpConverter):
         return relax.op.multiply(x, relax.op.sigmoid(relax.op.multiply(x, alpha)))
 
 
+class Pow(OnnxOpConverter):
+    """ONNX ``Pow`` on any mix of float and integer operands (the result has the base's type)."""
+
+    @classmethod
+    def _impl_v7(cls, bb, inputs, attr, params):
+        x, y = inputs[0], inputs[1]
+        base, exponent = str(x.ty.dtype), str(y.ty.dtype)
+        if base.startswith("float"):
+            if exponent != base:
+                y = bb.emit(relax.op.astype(y, base))
+            return relax.op.power(x, y)
+        wide = bb.emit(relax.op.power(bb.emit(relax.op.astype(x, "float64")),
+                                      bb.emit(relax.op.astype(y, "float64"))))
+        if not exponent.startswith("float"):
+            wide = bb.emit(relax.op.round(wide))
+        return relax.op.astype(wide, base)
+
+
 class LpNormalization(OnnxOpConverter):
     """ONNX ``LpNormalization``: ``x`` over its ``p``-norm along ``axis`` (0 where it is 0)."""
 
@@ -86,4 +109,4 @@ class OneHot(OnnxOpConverter):
 
 
 CONVERTERS = {"Celu": Celu, "OneHot": OneHot, "Swish": Swish,
-              "LpNormalization": LpNormalization}
+              "LpNormalization": LpNormalization, "Pow": Pow}
