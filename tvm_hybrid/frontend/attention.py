@@ -79,13 +79,13 @@ def _keys_padded(bb, mask: relax.Expr, skv: int, node: str) -> relax.Expr:
 
 
 def _position_mask(bb, attr, sq: int, skv: int, past_key, nonpad, node: str):
-    """The keys each query may see by position, None (all), a numpy bool ``[sq, skv]`` or a
-    bool tensor: ``is_causal`` and
-    the sliding window (``left_window_size``/``right_window_size``), both aligned to the end
-    of the cache (query ``i`` sits at ``i + offset``, the offset ``past_key``'s length), and
-    with ``nonpad_kv_seqlen`` (an external cache of ``n[b]`` valid keys) the keys below
-    ``n[b]``, the offset ``n[b] - sq``: then the tensor, ``[b, 1, sq, skv]``, computed at
-    run time."""
+    """The keys each query may see by position: None (all), a numpy bool ``[sq, skv]``, or
+    a bool tensor. ``is_causal`` and the sliding window (``left_window_size``,
+    ``right_window_size``) are aligned to the end of the cache: query ``i`` sits at
+    ``i + offset``, the offset being ``past_key``'s length. With ``nonpad_kv_seqlen`` (an
+    external cache of ``n[b]`` valid keys) only the keys below ``n[b]`` are seen and the
+    offset is ``n[b] - sq``: the mask is then a ``[b, 1, sq, skv]`` tensor computed at run
+    time."""
     causal = bool(int(attr.get("is_causal", 0)))
     left, right = int(attr.get("left_window_size", -1)), int(attr.get("right_window_size", -1))
     # diff[i, j] = (i + offset) - j: causal keeps diff >= 0, the window -right <= diff <= left.
@@ -106,14 +106,12 @@ def _position_mask(bb, attr, sq: int, skv: int, past_key, nonpad, node: str):
                                        (-1, 1, 1, 1)))
     diff = bb.emit(relax.op.add(relax.const(rel[None, None] - sq, "int64"), lengths))
     keep = bb.emit(relax.op.less(relax.const(np.arange(skv), "int64"), lengths))
-    bounds = [(causal, relax.op.greater_equal, diff, 0), (left >= 0, relax.op.less_equal, diff,
-                                                          left)]
-    if right >= 0:
-        bounds.append((True, relax.op.greater_equal, diff, -right))
-    for wanted, compare, value, bound in bounds:
+    bounds = [(causal, relax.op.greater_equal, 0), (left >= 0, relax.op.less_equal, left),
+              (right >= 0, relax.op.greater_equal, -right)]
+    for wanted, compare, bound in bounds:
         if wanted:
-            keep = bb.emit(relax.op.logical_and(keep, bb.emit(compare(
-                value, relax.const(bound, "int64")))))
+            within = bb.emit(compare(diff, relax.const(bound, "int64")))
+            keep = bb.emit(relax.op.logical_and(keep, within))
     return keep
 
 
