@@ -31,24 +31,19 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import tvm
 from tvm import relax
 from tvm.relax.frontend.onnx.onnx_frontend import Attention as _ContribAttention
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
 from ..errors import UnsupportedModelError
+from .static_dims import static_dims
 
 #: ONNX TensorProto FLOAT: the one ``softmax_precision`` the conversion honours (fp32).
 _FLOAT = 1
 
 
 def _dims(expr: relax.Expr, what: str, node: str) -> list[int]:
-    shape = expr.ty.shape
-    dims = list(shape.values) if shape is not None and hasattr(shape, "values") else None
-    if dims is None or not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
-        raise UnsupportedModelError(f"{node}: Attention needs a static shape for {what} (got "
-                                    f"{dims}); pass input_shapes to compile")
-    return [int(d) for d in dims]
+    return static_dims(expr, f"Attention's {what}", node)
 
 
 def _heads_first(bb, x: relax.Expr, heads: int | None, what: str, node: str) -> relax.Expr:

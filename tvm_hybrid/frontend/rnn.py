@@ -12,21 +12,16 @@ at each sequence's own last step), peepholes, ``clip``, ``input_forget``, ``layo
 from __future__ import annotations
 
 import numpy as np
-import tvm
 from tvm import relax
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
 from ..errors import UnsupportedModelError
+from .static_dims import static_dims
 
 
 def _static_shape(expr: relax.Expr, what: str, node: str) -> list[int]:
-    shape = expr.ty.shape
-    dims = list(shape.values) if shape is not None and hasattr(shape, "values") else None
-    if dims is None or not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
-        raise UnsupportedModelError(
-            f"{node}: the {what} needs a static shape (got {dims}); pass input_shapes to "
-            "compile so that the sequence length and batch are known")
-    return [int(d) for d in dims]
+    return static_dims(expr, f"the {what}", node,
+                       " so that the sequence length and batch are known")
 
 
 class _Activations:

@@ -16,20 +16,15 @@ indices ``passes.CheckIndices`` checks at run time.
 
 from __future__ import annotations
 
-import tvm
 from tvm import relax
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
 from ..errors import UnsupportedModelError
+from .static_dims import static_dims
 
 
 def _static(expr: relax.Expr, what: str, node: str) -> list[int]:
-    shape = expr.ty.shape
-    dims = list(shape.values) if shape is not None and hasattr(shape, "values") else None
-    if dims is None or not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
-        raise UnsupportedModelError(f"{node}: RotaryEmbedding needs a static shape for {what} "
-                                    f"(got {dims}); pass input_shapes to compile")
-    return [int(d) for d in dims]
+    return static_dims(expr, f"RotaryEmbedding's {what}", node)
 
 
 def _channels(bb, x: relax.Expr, start: int, end: int, step: int = 1) -> relax.Expr:
