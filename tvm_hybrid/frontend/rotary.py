@@ -52,7 +52,8 @@ class RotaryEmbedding(OnnxOpConverter):
         else:
             raise UnsupportedModelError(f"{node}: the input has rank {len(dims)}; 3 or 4 "
                                         "expected")
-        head = _static(view, "the input", node)[-1]
+        view_dims = _static(view, "the input", node)
+        head = view_dims[-1]
         rotary = int(attr.get("rotary_embedding_dim", 0)) or head
         if rotary % 2 or rotary > head:
             raise UnsupportedModelError(f"{node}: rotary_embedding_dim {rotary} must be even "
@@ -61,10 +62,10 @@ class RotaryEmbedding(OnnxOpConverter):
             cos = bb.emit(relax.op.take(cos, positions, axis=0))
             sin = bb.emit(relax.op.take(sin, positions, axis=0))
         for cache, name in ((cos, "cos_cache"), (sin, "sin_cache")):
-            if _static(cache, name, node)[-1] != rotary // 2:
-                raise UnsupportedModelError(
-                    f"{node}: {name}'s last dimension is {_static(cache, name, node)[-1]}, not "
-                    f"rotary_embedding_dim / 2 = {rotary // 2}")
+            last = _static(cache, name, node)[-1]
+            if last != rotary // 2:
+                raise UnsupportedModelError(f"{node}: {name}'s last dimension is {last}, not "
+                                            f"rotary_embedding_dim / 2 = {rotary // 2}")
         # [b, s, r/2] broadcast over the heads: axis 1 of [b, h, s, d], axis 2 of [b, s, h, d].
         axis = 1 if len(dims) == 4 else 2
         cos = bb.emit(relax.op.expand_dims(cos, axis))
@@ -80,8 +81,7 @@ class RotaryEmbedding(OnnxOpConverter):
                                     bb.emit(relax.op.multiply(cos, x2))))
         if interleaved:
             pairs = bb.emit(relax.op.stack([real, imag], axis=-1))
-            rotated = bb.emit(relax.op.reshape(pairs, (*_static(view, 'the input', node)[:-1],
-                                                             rotary)))
+            rotated = bb.emit(relax.op.reshape(pairs, (*view_dims[:-1], rotary)))
         else:
             rotated = bb.emit(relax.op.concat([real, imag], axis=-1))
         if rotary < head:

@@ -31,6 +31,7 @@ from tvm.relax.frontend.onnx.onnx_frontend import NonMaxSuppression as _StockNMS
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
 from ..errors import UnsupportedModelError
+from .static_dims import static_dims
 
 _NMS_SCALARS = ("max_output_boxes_per_class", "iou_threshold", "score_threshold")
 
@@ -80,11 +81,10 @@ class ConvTranspose(OnnxOpConverter):
             return _StockConvTranspose._impl_v1(bb, inputs, attr, params)
         node = f"ConvTranspose node {attr.get('tvm_custom', {}).get('name', '')!r}"
         out = [int(v) for v in attr["output_shape"]]
-        shape = inputs[0].ty.shape
-        dims = list(shape.values)[2:] if shape is not None and hasattr(shape, "values") else []
-        if len(dims) != len(out) or not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
-            raise UnsupportedModelError(f"{node}: output_shape {out} needs the input's spatial "
-                                        "size known; pass input_shapes to compile")
+        dims = static_dims(inputs[0], "the input", node, " (output_shape needs its size)")[2:]
+        if len(dims) != len(out):
+            raise UnsupportedModelError(f"{node}: output_shape {out} has {len(out)} dimensions, "
+                                        f"the input {len(dims)} spatial ones")
         n = len(out)
         strides = list(attr.get("strides", [1] * n))
         dilations = list(attr.get("dilations", [1] * n))
@@ -94,7 +94,7 @@ class ConvTranspose(OnnxOpConverter):
         auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
         begin, end = [], []
         for i in range(n):
-            total = (strides[i] * (int(dims[i]) - 1) + extra[i]
+            total = (strides[i] * (dims[i] - 1) + extra[i]
                      + (kernel[i] - 1) * dilations[i] + 1 - out[i])
             first = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
             last = total - first
@@ -103,7 +103,7 @@ class ConvTranspose(OnnxOpConverter):
             if first < 0 or extra[i] >= max(strides[i], dilations[i]):
                 raise UnsupportedModelError(
                     f"{node}: output_shape {out} is larger than the transposed convolution of "
-                    f"{[int(d) for d in dims]} can produce with its pads")
+                    f"{dims} can produce with its pads")
             begin.append(first)
             end.append(last)
         attr = {k: v for k, v in attr.items() if k not in ("output_shape", "auto_pad")}
