@@ -19,11 +19,19 @@ nodes that carry ``num_heads`` and converts the standard op::
 as the specification and ONNX's reference have it: ``is_causal`` and the window are aligned to
 the end of the cache (query ``i`` sees key ``j <= i + past``), a mask shorter than the keys is
 padded with False or -inf, and a query that sees no key gets zeros, not NaN (decided on the
-masks; no such step when only a constant mask that leaves every query a key applies). The
+masks; no such step when only a constant mask that leaves every query a key applies).
+float16 and bfloat16 inputs are computed in float32 (the fused kernel's type) and the
+outputs cast back; ``present_key`` and ``present_value`` keep the inputs' type. The
 head split and merge are the ``reshape`` + ``permute_dims`` the fused kernel reads through.
-Outputs ``present_key`` / ``present_value`` are the concatenated ``K`` / ``V``.
-Unsupported, with an error naming the node: the ``qk_matmul_output`` output,
-``softmax_precision`` other than float, dynamic shapes, ``nonpad_kv_seqlen`` with ``past_key``.
+Outputs ``present_key`` / ``present_value`` are the concatenated ``K`` / ``V``;
+``qk_matmul_output`` is what ``qk_matmul_output_mode`` names: ``Q @ K^T * scale`` (0), after
+the soft cap (1), with the masks' bias (2), the probabilities with the rows of queries that see
+no key zeroed (3); the attention then stays unfused (its scores are an output).
+``softmax_precision`` double computes the softmax in float64; float, float16 and bfloat16 in
+float32 (for the last two more precisely than asked, which the specification's cast to them
+would round).
+Unsupported, with an error naming the node: dynamic shapes, ``nonpad_kv_seqlen`` with
+``past_key``, other ``softmax_precision`` values and input types.
 """
 
 from __future__ import annotations
@@ -38,8 +46,10 @@ from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 from ..errors import UnsupportedModelError
 from .static_dims import static_dims
 
-#: ONNX TensorProto FLOAT: the one ``softmax_precision`` the conversion honours (fp32).
-_FLOAT = 1
+#: ``softmax_precision`` values (ONNX TensorProto types) and the softmax's dtype for each.
+_SOFTMAX_DTYPES = {1: "float32", 10: "float32", 11: "float64", 16: "float32"}
+#: Input types computed in float32 (their outputs cast back).
+_WIDENED = ("float16", "bfloat16")
 
 
 def _dims(expr: relax.Expr, what: str, node: str) -> list[int]:
@@ -69,7 +79,7 @@ def _keys_padded(bb, mask: relax.Expr, skv: int, node: str) -> relax.Expr:
                                     f"the {skv} of K")
     boolean = str(mask.ty.dtype) == "bool"
     fill = np.full((*dims[:-1], skv - dims[-1]), False if boolean else -np.inf,
-                   "bool" if boolean else "float32")
+                   str(mask.ty.dtype))
     return bb.emit(relax.op.concat([mask, relax.const(fill)], axis=-1))
 
 
@@ -110,21 +120,19 @@ def _position_mask(bb, attr, sq: int, skv: int, past_key, nonpad, node: str):
     return keep
 
 
-def _masked_rows_zeroed(bb, y: relax.Expr, keep, additive) -> relax.Expr:
-    """``y`` with the rows of queries that see no key at all set to 0 (the specification;
-    the softmax would give NaN): decided on the masks ``keep`` (bool) and ``additive``, as
-    ONNX's reference does."""
+def _sees_some_key(bb, keep, additive, dtype: str) -> relax.Expr:
+    """Whether each query sees some key (a bool ``[.., sq, 1]``), decided on the masks ``keep``
+    (bool) and ``additive`` as ONNX's reference does: the rows of queries that see none are
+    zeros in the outputs (the softmax would give NaN)."""
     # Whether each key is seen, as 0 or 1 (a max over -inf alone would give TVM's reduction
     # start, the lowest finite float, not -inf).
     seen = keep
     if additive is not None:
-        finite = bb.emit(relax.op.greater(additive, relax.const(-np.inf, "float32")))
+        finite = bb.emit(relax.op.greater(additive, relax.const(-np.inf, dtype)))
         seen = finite if seen is None else bb.emit(relax.op.logical_and(seen, finite))
     any_key = bb.emit(relax.op.max(bb.emit(relax.op.astype(seen, "float32")), axis=-1,
                                    keepdims=True))
-    seen = bb.emit(relax.op.greater(any_key, relax.const(0.5, "float32")))
-    zero = relax.const(0.0, "float32")
-    return bb.emit(relax.op.where(seen, y, zero))
+    return bb.emit(relax.op.greater(any_key, relax.const(0.5, "float32")))
 
 
 class Attention(OnnxOpConverter):
@@ -136,17 +144,32 @@ class Attention(OnnxOpConverter):
             return _ContribAttention._impl_v1(bb, inputs, attr, params)
         custom = attr.get("tvm_custom", {})
         node = f"Attention node {custom.get('name', '')!r}"
-        if int(attr.get("softmax_precision", _FLOAT)) != _FLOAT:
-            raise UnsupportedModelError(f"{node}: softmax_precision other than float is not "
-                                        "supported")
+        precision = int(attr.get("softmax_precision", 1))
+        if precision not in _SOFTMAX_DTYPES:
+            raise UnsupportedModelError(f"{node}: softmax_precision {precision} is not one of "
+                                        "the specification's (float, float16, double, "
+                                        "bfloat16)")
+        mode = int(attr.get("qk_matmul_output_mode", 0))
+        if mode not in (0, 1, 2, 3):
+            raise UnsupportedModelError(f"{node}: qk_matmul_output_mode {mode} is not 0-3")
         outputs = int(custom.get("num_outputs", 1))
-        if outputs > 3:
-            raise UnsupportedModelError(f"{node}: the qk_matmul_output output is not supported")
+        want_qk = outputs > 3
         inputs = list(inputs) + [None] * (7 - len(inputs))
         q_in, k_in, v_in, mask, past_key, past_value, nonpad = inputs[:7]
         if nonpad is not None and past_key is not None:
             raise UnsupportedModelError(f"{node}: nonpad_kv_seqlen cannot be combined with "
                                         "past_key (the ONNX specification)")
+        in_dtype = str(q_in.ty.dtype)
+        if in_dtype not in ("float32", "float64", *_WIDENED):
+            raise UnsupportedModelError(f"{node}: Attention on {in_dtype} inputs is not "
+                                        "supported (float16, bfloat16, float32, float64 are)")
+        dtype = "float32" if in_dtype in _WIDENED else in_dtype
+
+        def widened(x):
+            if x is None or str(x.ty.dtype) == "bool" or str(x.ty.dtype) == dtype:
+                return x
+            return bb.emit(relax.op.astype(x, dtype))
+
         rank = len(_dims(q_in, "Q", node))
         q_heads, kv_heads = attr.get("q_num_heads"), attr.get("kv_num_heads")
         q = _heads_first(bb, q_in, q_heads, "Q", node)
@@ -157,6 +180,7 @@ class Attention(OnnxOpConverter):
         if past_value is not None:
             v = bb.emit(relax.op.concat([past_value, v], axis=2))
         present = [k, v]
+        q, k, v, mask = widened(q), widened(k), widened(v), widened(mask)
         b, hq, sq, d = _dims(q, "Q", node)
         _, hkv, skv, _ = _dims(k, "K", node)
         if hq != hkv:
@@ -167,12 +191,14 @@ class Attention(OnnxOpConverter):
             v = bb.emit(relax.op.repeat(v, hq // hkv, axis=1))
         scale = float(attr["scale"]) if "scale" in attr else 1.0 / math.sqrt(d)
         scores = bb.emit(relax.op.matmul(q, bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2]))))
-        scores = bb.emit(relax.op.multiply(scores, relax.const(scale, "float32")))
+        scores = bb.emit(relax.op.multiply(scores, relax.const(scale, dtype)))
+        qk_output = scores
         softcap = float(attr.get("softcap", 0.0))
         if softcap > 0.0:  # before the masks, so -inf stays -inf (not fused: tanh in between)
-            scaled = bb.emit(relax.op.multiply(scores, relax.const(1.0 / softcap, "float32")))
+            scaled = bb.emit(relax.op.multiply(scores, relax.const(1.0 / softcap, dtype)))
             scores = bb.emit(relax.op.multiply(bb.emit(relax.op.tanh(scaled)),
-                                               relax.const(softcap, "float32")))
+                                               relax.const(softcap, dtype)))
+            qk_output = scores if mode == 1 else qk_output
         if mask is not None:
             mask = _keys_padded(bb, mask, skv, node)
         keep = _position_mask(bb, attr, sq, skv, past_key, nonpad, node)
@@ -189,20 +215,34 @@ class Attention(OnnxOpConverter):
             else:
                 additive = mask
         if keep is not None:
-            scores = bb.emit(relax.op.where(keep, scores,
-                                            relax.const(-np.inf, "float32")))
+            scores = bb.emit(relax.op.where(keep, scores, relax.const(-np.inf, dtype)))
         if additive is not None:
             scores = bb.emit(relax.op.add(scores, additive))
+        if mode == 2:
+            qk_output = scores
+        softmax_dtype = _SOFTMAX_DTYPES[precision]
+        if softmax_dtype != dtype:
+            scores = bb.emit(relax.op.astype(scores, softmax_dtype))
         probs = bb.emit(relax.op.nn.softmax(scores, axis=-1))
+        if softmax_dtype != dtype:
+            probs = bb.emit(relax.op.astype(probs, dtype))
+        sees = _sees_some_key(bb, keep, additive, dtype) if guarded else None
+        if want_qk and mode == 3:
+            qk_output = probs if sees is None else bb.emit(
+                relax.op.where(sees, probs, relax.const(0.0, dtype)))
         y = bb.emit(relax.op.matmul(probs, v))
-        if guarded:
-            y = _masked_rows_zeroed(bb, y, keep, additive)
+        if sees is not None:
+            y = bb.emit(relax.op.where(sees, y, relax.const(0.0, dtype)))
         if rank == 3:
             merged = bb.emit(relax.op.permute_dims(y, [0, 2, 1, 3]))
             y = bb.emit(relax.op.reshape(merged, (b, sq, hq * _dims(y, "V", node)[-1])))
+        if dtype != in_dtype:
+            y = bb.emit(relax.op.astype(y, in_dtype))
+            if want_qk:
+                qk_output = bb.emit(relax.op.astype(qk_output, in_dtype))
         if outputs == 1:
             return y
-        return relax.Tuple([y, *present][:outputs])
+        return relax.Tuple([y, *present, qk_output][:outputs])
 
 
 CONVERTERS = {"Attention": Attention}
