@@ -93,3 +93,46 @@ def test_input_shapes_still_give_one_static_model(rng):
     assert not isinstance(compiled, SpecializingModel)
     x = rng.standard_normal((1, 8, 64)).astype("float32")
     np.testing.assert_allclose(compiled(x), _reference(_mlp(), x), rtol=1e-4, atol=1e-4)
+
+
+def _by_value() -> onnx.ModelProto:
+    """``ReduceMax(x, axes)`` and ``TopK(x, k)`` with ``axes`` and ``k`` graph inputs (TVM's
+    importer needs both constant)."""
+    nodes = [helper.make_node("ReduceMax", ["x", "axes"], ["m"], keepdims=1),
+             helper.make_node("TopK", ["x", "k"], ["top", "where"], axis=-1)]
+    graph = helper.make_graph(
+        nodes, "by_value", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, "n"]),
+                            helper.make_tensor_value_info("axes", TensorProto.INT64, ["r"]),
+                            helper.make_tensor_value_info("k", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info(n, t, None) for n, t in
+         (("m", TensorProto.FLOAT), ("top", TensorProto.FLOAT), ("where", TensorProto.INT64))])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+
+
+def test_inputs_needed_at_compile_time_are_specialized_per_value(rng, caplog):
+    """A reduction's axes and TopK's k given as graph inputs: TVM's importer refuses them
+    ("Only constant axes"); compiled once per value (and shape) instead, matching numpy."""
+    from tvm_hybrid.frontend.value_inputs import value_inputs
+
+    model = _by_value()
+    assert value_inputs(model) == ["axes", "k"]
+    compiled = tvm_hybrid.compile(model)
+    assert isinstance(compiled, SpecializingModel)
+    with caplog.at_level(logging.INFO, logger="tvm_hybrid.specializing_model"):
+        for n, axis, k in ((6, 1, 2), (6, 0, 2), (8, 1, 3), (6, 1, 2)):
+            x = rng.permutation(3 * n).reshape(3, n).astype("float32")  # no ties
+            m, top, where = compiled(x, np.array([axis]), np.array([k]))
+            np.testing.assert_array_equal(m, x.max(axis=axis, keepdims=True))
+            order = np.argsort(-x, axis=-1)[:, :k]
+            np.testing.assert_array_equal(where, order)
+            np.testing.assert_array_equal(top, np.take_along_axis(x, order, -1))
+    assert len([r for r in caplog.records if "compiled" in r.getMessage()]) == 3
+    assert compiled.specializations[-1] == {"x": (3, 6), "axes": [1], "k": [2]}
+    one = compiled.specialize({"axes": [0], "k": [1]}, x=(3, 4))
+    assert [spec.name for spec in one.inputs] == ["x"]
+    with pytest.raises(OptionError, match=r"exactly \['axes', 'k'\]"):
+        compiled.specialize(x=(3, 4))
+    with pytest.raises(OptionError, match=r"compiled per value of its inputs \['axes', 'k'\]"):
+        compiled.export("model.so")
+    with pytest.raises(InputError, match="'axes'.*has 100 elements; at most 64"):
+        compiled(np.zeros((3, 6), "float32"), np.zeros(100, "int64"), np.array([1]))

@@ -301,7 +301,54 @@ def test_one_hot_with_a_one_element_depth(depth, rng):
     feeds = {"i": rng.integers(-n, n, (2, 6)).astype(np.int64)}
     got = _outputs(tvm_hybrid.compile(model), feeds)[0]
     np.testing.assert_array_equal(got, _ort(model, feeds)[0])
-    assert got.shape == (2, n, 6)
+    assert got.shape == (2, n, 6) and got.dtype == np.float32  # TVM's converter: float64
+
+
+@pytest.mark.parametrize("axis,values", [(-2, np.array([0, 1], "int32")),
+                                         (0, np.array([0.5, -3], "float32"))])
+def test_one_hot_float_indices_negative_axis_and_integer_values(axis, values, rng):
+    """Float indices (cast to int64, the spec; TVM's converter refused them), a negative axis
+    (TVM's one_hot misplaced it) and integer values (the output's type), against ONNX's
+    reference implementation (ONNX Runtime lacks float indices with int32 values; the
+    reference compares float indices uncast, so they are whole numbers here)."""
+    from onnx.reference import ReferenceEvaluator
+
+    model = _model([helper.make_node("OneHot", ["i", "depth", "values"], ["y"], axis=axis)],
+                   [helper.make_tensor_value_info("i", TensorProto.FLOAT, [3, 4])],
+                   [helper.make_tensor_value_info("y", helper.np_dtype_to_tensor_dtype(
+                       values.dtype), None)],
+                   [onnx.numpy_helper.from_array(np.array(5, np.int64), "depth"),
+                    onnx.numpy_helper.from_array(values, "values")], opset=11)
+    feeds = {"i": rng.integers(-6, 6, (3, 4)).astype("float32")}
+    got = _outputs(tvm_hybrid.compile(model), feeds)[0]
+    want = ReferenceEvaluator(model).run(None, feeds)[0]
+    assert got.dtype == values.dtype
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("output_shape", [None, [1, 2, 5, 6]])
+def test_max_unpool_with_an_output_shape(output_shape, rng):
+    """``MaxUnpool`` of a 2x2 pooling's values and indices; with ``output_shape`` (TVM's
+    converter failed on it) the unpooled values keep their places and zeros follow (ONNX's
+    reference)."""
+    from onnx.reference import ReferenceEvaluator
+
+    inputs = ["v", "idx"] + (["shape"] if output_shape else [])
+    inits = [_int64("shape", output_shape)] if output_shape else []
+    model = _model([helper.make_node("MaxUnpool", inputs, ["y"], kernel_shape=[2, 2],
+                                     strides=[2, 2])],
+                   [helper.make_tensor_value_info("v", TensorProto.FLOAT, [1, 2, 2, 2]),
+                    helper.make_tensor_value_info("idx", TensorProto.INT64, [1, 2, 2, 2])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits, opset=11)
+    # Each value's flat index in the 4x4 unpooled planes: one position of its 2x2 window.
+    rows, cols = np.meshgrid(np.arange(2), np.arange(2), indexing="ij")
+    where = (2 * rows + rng.integers(0, 2, (1, 2, 2, 2))) * 4 + 2 * cols + rng.integers(
+        0, 2, (1, 2, 2, 2))
+    feeds = {"v": rng.standard_normal((1, 2, 2, 2)).astype("float32"),
+             "idx": (where + 16 * np.arange(2).reshape(1, 2, 1, 1)).astype("int64")}
+    got = _outputs(tvm_hybrid.compile(model), feeds)[0]
+    np.testing.assert_array_equal(got, ReferenceEvaluator(model).run(None, feeds)[0])
+    assert got.shape == tuple(output_shape or (1, 2, 4, 4))
 
 
 def _nms(scalars_as_inputs: bool) -> onnx.ModelProto:
@@ -317,19 +364,27 @@ def _nms(scalars_as_inputs: bool) -> onnx.ModelProto:
                   [] if scalars_as_inputs else values, opset=11)
 
 
-def test_non_max_suppression_needs_constant_limits(rng):
+def test_non_max_suppression_limits_given_at_run_time(rng):
     """TVM's converter replaces limits given at run time by defaults (max_output_boxes 0: no
-    box selected): refused with the node and input named. Constant limits match ONNX
-    Runtime."""
+    box selected). Constant limits match ONNX Runtime; limits that are graph inputs are
+    compiled as constants per value (``frontend/value_inputs.py``) and match it too; with
+    ``dynamic="symbolic"`` (one binary) they are refused with the node and input named."""
     boxes = np.array([[[0, 0, 1, 1], [0, 0.1, 1, 1.1], [0, -0.1, 1, 0.9], [0, 10, 1, 11],
                        [0, 10.1, 1, 11.1], [0, 100, 1, 101]]], "float32")
     feeds = {"boxes": boxes, "scores": rng.random((1, 2, 6)).astype("float32")}
     model = _nms(False)
     np.testing.assert_array_equal(_outputs(tvm_hybrid.compile(model), feeds)[0],
                                   _ort(model, feeds)[0])
+    by_value = tvm_hybrid.compile(_nms(True))
+    for limit, iou in ((3, 0.5), (1, 0.5), (3, 0.05)):
+        limits = {"limit": np.array([limit], "int64"), "iou": np.array([iou], "float32"),
+                  "floor": np.array([0.2], "float32")}
+        np.testing.assert_array_equal(_outputs(by_value, {**feeds, **limits})[0],
+                                      _ort(_nms(True), {**feeds, **limits})[0])
+    assert len(by_value.specializations) == 3
     with pytest.raises(UnsupportedModelError,
                        match="'nms': max_output_boxes_per_class is given at run time"):
-        tvm_hybrid.compile(_nms(True))
+        tvm_hybrid.compile(_nms(True), dynamic="symbolic")
 
 
 @pytest.mark.parametrize("positive,negative", [(1, 0), (0, 1), (1, 1), (0, 0)])

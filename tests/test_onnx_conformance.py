@@ -64,6 +64,22 @@ def test_tensor_proto_data_is_compared_as_arrays():
     assert not wrong.ok and wrong.reason.startswith("wrong result"), wrong.reason
 
 
+def test_a_sequence_output_is_one_list():
+    """A model whose output is a sequence (``SplitToSequence``) returns it as one list of
+    arrays, as onnx's runner compares it (it was returned as separate outputs)."""
+    x = np.arange(12, dtype="float32").reshape(3, 4)
+    graph = helper.make_graph(
+        [helper.make_node("SplitToSequence", ["x"], ["parts"], axis=1, keepdims=0)], "split",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])],
+        [helper.make_tensor_sequence_value_info("parts", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    case = Case("split_to_sequence", NODE, "", [], 1e-3, 1e-7, model=model,
+                data=[([x], [[x[:, i] for i in range(4)]])])
+    outcome = check_case(case, HybridBackend)
+    assert outcome.ok, outcome.reason
+
+
 @pytest.mark.parametrize("case", [
     pytest.param(c, id=f"{c.kind}/{c.name}", marks=[pytest.mark.slow] if c.name in SLOW else [])
     for c in CASES])

@@ -34,6 +34,7 @@ from .errors import (
 )
 from .frontend import import_model, load_onnx
 from .frontend.importer import is_static, onnx_inputs
+from .frontend.value_inputs import value_inputs, with_values
 from .host import make_target, target_to_dict
 from .kernel_info import KernelRecorder
 from .microkernels import best_vector_family
@@ -95,7 +96,10 @@ def compile(  # noqa: A001 - the public name mirrors tvm.compile
         SpecializingModel` that compiles the model for each new combination of input shapes on
         first use (static-compile speed; the first call at a new size pays one compile, a cache
         hit with ``cache_dir``); ``"symbolic"`` compiles one binary for all sizes, whose kernels
-        run on TVM's generic lowering (much slower).
+        run on TVM's generic lowering (much slower). ``"specialize"`` also covers inputs whose
+        values TVM needs at compile time (a reduction's axes, ``TopK``'s ``k``,
+        ``NonMaxSuppression``'s limits given as graph inputs: :mod:`tvm_hybrid.frontend.
+        value_inputs`): one compile per combination of their values.
     max_specializations
         With ``dynamic="specialize"``: how many shapes' compiled models to keep in memory.
     precision
@@ -119,15 +123,18 @@ def compile(  # noqa: A001 - the public name mirrors tvm.compile
     if dynamic == "specialize" and not isinstance(model, tvm.IRModule) and not params:
         proto = load_onnx(model)
         declared = onnx_inputs(proto, input_shapes or {})
-        if not all(is_static(spec.shape) for spec in declared):
+        by_value = value_inputs(proto)
+        if by_value or not all(is_static(spec.shape) for spec in declared):
             source = str(model) if isinstance(model, (str, os.PathLike)) else "<onnx model>"
 
-            def compile_for(shapes: dict[str, tuple]) -> CompiledModel:
-                return compile(proto, tgt, tuning_records=tuning_records, input_shapes=shapes,
+            def compile_for(shapes: dict[str, tuple], values: dict) -> CompiledModel:
+                return compile(with_values(proto, values) if values else proto, tgt,
+                               tuning_records=tuning_records, input_shapes=shapes,
                                pipeline=pipeline, precision=precision, cache_dir=cache_dir,
                                cache_max_bytes=cache_max_bytes, dynamic="symbolic")
 
-            return SpecializingModel(compile_for, declared, tgt, source, max_specializations)
+            return SpecializingModel(compile_for, declared, tgt, source, max_specializations,
+                                     value_inputs=by_value)
         model = proto
     cache_dir = cache_dir if cache_dir is not None else os.environ.get(CACHE_VARIABLE) or None
     key_bytes = model_bytes(model) if cache_dir and not params else None

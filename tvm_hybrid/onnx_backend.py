@@ -23,8 +23,10 @@ from .compiler import compile as hybrid_compile
 class HybridBackendRep(BackendRep):
     """A compiled model, run the way ONNX backends are: a list of inputs in, a list out."""
 
-    def __init__(self, compiled: CompiledModel):
+    def __init__(self, compiled: CompiledModel, sequence_output: bool = False):
         self.compiled = compiled
+        #: whether the model's one output is a sequence (returned as one list of arrays)
+        self.sequence_output = sequence_output
 
     def run(self, inputs, **kwargs):  # noqa: ARG002 - the Backend API passes extra kwargs
         if isinstance(inputs, dict):
@@ -34,7 +36,8 @@ class HybridBackendRep(BackendRep):
         else:
             arrays = [inputs]
         outputs = self.compiled(*[np.asarray(a) for a in arrays])
-        return list(outputs) if isinstance(outputs, tuple) else [outputs]
+        outputs = list(outputs) if isinstance(outputs, tuple) else [outputs]
+        return [outputs] if self.sequence_output else outputs
 
 
 class HybridBackend(Backend):
@@ -46,7 +49,9 @@ class HybridBackend(Backend):
     def prepare(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs) -> HybridBackendRep:
         if not cls.supports_device(device):
             raise ValueError(f"{cls.__name__} runs on CPU only, not {device!r}")
-        return HybridBackendRep(hybrid_compile(model, "host", pipeline=cls.pipeline))
+        outputs = model.graph.output
+        sequence = len(outputs) == 1 and outputs[0].type.HasField("sequence_type")
+        return HybridBackendRep(hybrid_compile(model, "host", pipeline=cls.pipeline), sequence)
 
     @classmethod
     def run_model(cls, model: onnx.ModelProto, inputs, device: str = "CPU", **kwargs):

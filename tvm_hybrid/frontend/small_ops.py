@@ -9,10 +9,16 @@
   ONNX's reference casts).
 * ``LpNormalization`` is missing: ``x / (sum |x|^p)^(1/p)`` along ``axis`` (``p`` 1 or 2), 0
   where that norm is 0 (ONNX's reference).
-* ``OneHot`` reads ``depth`` with ``tolist()``: the spec's rank-1, one-element ``depth`` (what
-  exporters write) becomes a list and ``relax.op.one_hot`` rejects it with a type error. Here a
-  constant one-element ``depth`` (integer or float, as the spec allows) is made a scalar first;
-  anything else is left to TVM's converter and its message.
+* ``OneHot``: TVM's converter reads ``depth`` with ``tolist()`` (the spec's rank-1,
+  one-element ``depth``, what exporters write, becomes a list that ``relax.op.one_hot``
+  rejects), makes ``values`` Python floats (a float32 model got a float64 output), and
+  refuses float indices. Here: ``depth`` a scalar (integer or float, as the spec allows),
+  float indices cast to int64 (the spec), the output in the type of ``values``; ``depth``
+  and ``values`` computed at run time are refused naming the node.
+* ``MaxUnpool`` with its ``output_shape`` operand fails in TVM's converter (it calls
+  ``tolist()`` on the Relax constant), which also scatters into that shape where ONNX's
+  reference scatters into the shape the pooling implies and pads it with zeros after: done so
+  here for a constant ``output_shape``; one computed at run time is refused naming the node.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 import tvm
 from tvm import relax
-from tvm.relax.frontend.onnx.onnx_frontend import OneHot as _StockOneHot
+from tvm.relax.frontend.onnx.onnx_frontend import MaxUnpool as _StockMaxUnpool
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter, get_constant
 
 from ..errors import UnsupportedModelError
@@ -93,7 +99,8 @@ class LpNormalization(OnnxOpConverter):
 
 
 class OneHot(OnnxOpConverter):
-    """ONNX ``OneHot`` with its ``depth`` a scalar, then TVM's conversion."""
+    """ONNX ``OneHot``: ``values[1]`` where the (negative: counted from ``depth``) index is
+    the position along ``axis``, else ``values[0]``, in the type of ``values``."""
 
     @classmethod
     def _impl_v9(cls, bb, inputs, attr, params):
@@ -101,12 +108,62 @@ class OneHot(OnnxOpConverter):
 
     @classmethod
     def _impl_v11(cls, bb, inputs, attr, params):
-        depth = get_constant(inputs[1], params)
-        if isinstance(depth, tvm.ir.GenericConst) and depth.value.numpy().size == 1:
-            value = int(np.asarray(depth.value.numpy()).reshape(()))
-            inputs = [inputs[0], relax.const(value, "int64"), *inputs[2:]]
-        return _StockOneHot._impl_v11(bb, inputs, attr, params)
+        name = attr.get("tvm_custom", {}).get("name", "")
+        depth, values = get_constant(inputs[1], params), get_constant(inputs[2], params)
+        for what, const in (("depth", depth), ("values", values)):
+            if not isinstance(const, tvm.ir.GenericConst):
+                raise UnsupportedModelError(f"OneHot node {name!r}: {what} is computed at run "
+                                            "time; it must be a constant")
+        depth_value = np.asarray(depth.value.numpy()).reshape(-1)
+        pair = values.value.numpy().reshape(-1)
+        if depth_value.size != 1 or pair.size != 2:
+            raise UnsupportedModelError(f"OneHot node {name!r}: depth must have one element "
+                                        f"and values two, got {depth_value.size} and "
+                                        f"{pair.size}")
+        count = int(depth_value[0])
+        indices = inputs[0]
+        if "int" not in str(indices.ty.dtype):  # the specification: cast to int64
+            indices = bb.emit(relax.op.astype(indices, "int64"))
+        dtype = str(indices.ty.dtype)
+        negative = relax.op.less(indices, relax.const(0, dtype))
+        indices = bb.emit(relax.op.where(negative, relax.op.add(
+            indices, relax.const(count, dtype)), indices))
+        axis = int(attr.get("axis", -1))
+        axis = axis + len(indices.ty.shape) + 1 if axis < 0 else axis
+        hot = bb.emit(relax.op.one_hot(indices, relax.prim_value(1), relax.prim_value(0),
+                                       count, axis))
+        # bfloat16 values are selected in float32 (exact) and cast back.
+        out_dtype = str(values.ty.dtype)
+        pair = pair.astype("float32") if out_dtype == "bfloat16" else pair
+        chosen = bb.emit(relax.op.where(
+            relax.op.equal(hot, relax.const(1, str(hot.ty.dtype))),
+            relax.const(pair[1]), relax.const(pair[0])))
+        return bb.emit(relax.op.astype(chosen, out_dtype)) if out_dtype == "bfloat16" else chosen
 
 
-CONVERTERS = {"Celu": Celu, "OneHot": OneHot, "Swish": Swish,
+class MaxUnpool(OnnxOpConverter):
+    """ONNX ``MaxUnpool``: TVM's conversion into the shape the pooling implies, then, with
+    ``output_shape``, zeros after it up to that shape (ONNX's reference)."""
+
+    @classmethod
+    def _impl_v9(cls, bb, inputs, attr, params):
+        inputs = list(inputs) + [None] * (3 - len(inputs))
+        unpooled = bb.normalize(_StockMaxUnpool._impl_v9(bb, [*inputs[:2], None], attr, params))
+        if inputs[2] is None:
+            return unpooled
+        name = attr.get("tvm_custom", {}).get("name", "")
+        shape = get_constant(inputs[2], params)
+        if not isinstance(shape, tvm.ir.GenericConst):
+            raise UnsupportedModelError(f"MaxUnpool node {name!r}: output_shape is computed at "
+                                        "run time; it must be a constant")
+        wanted = [int(d) for d in np.asarray(shape.value.numpy()).reshape(-1)]
+        implied = [int(d) for d in unpooled.ty.shape]
+        if len(wanted) != len(implied) or any(w < i for w, i in zip(wanted, implied)):
+            raise UnsupportedModelError(f"MaxUnpool node {name!r}: output_shape {wanted} is "
+                                        f"smaller than the unpooled shape {implied}")
+        widths = [v for w, i in zip(wanted, implied) for v in (0, w - i)]
+        return relax.op.nn.pad(unpooled, widths)
+
+
+CONVERTERS = {"Celu": Celu, "OneHot": OneHot, "Swish": Swish, "MaxUnpool": MaxUnpool,
               "LpNormalization": LpNormalization, "Pow": Pow}
