@@ -351,6 +351,27 @@ def test_max_unpool_with_an_output_shape(output_shape, rng):
     assert got.shape == tuple(output_shape or (1, 2, 4, 4))
 
 
+@pytest.mark.parametrize("opset,mode,scales", [(7, "nearest", [1, 1, 2, 3]),
+                                                (9, "nearest", [1, 1, 1.5, 2.5]),
+                                                (9, "linear", [1, 1, 2, 1.5]),
+                                                (9, "nearest", [1, 2, 2, 1])])
+def test_upsample_matches_onnxruntime(opset, mode, scales, rng):
+    """``Upsample`` (opsets 7-9): TVM's converter read only opset 7's attribute and rounded
+    nearest source pixels where the specification takes the floor."""
+    attrs = {"scales": [float(v) for v in scales]} if opset == 7 else {}
+    inits = [] if opset == 7 else [helper.make_tensor("s", TensorProto.FLOAT, [4], scales)]
+    model = _model([helper.make_node("Upsample", ["x"] + ([] if opset == 7 else ["s"]), ["y"],
+                                     mode=mode, **attrs)],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 5, 6])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits,
+                   opset=opset)
+    feeds = {"x": rng.standard_normal((1, 2, 5, 6)).astype("float32")}
+    want = _ort(model, feeds)[0]
+    got = _outputs(tvm_hybrid.compile(model), feeds)[0]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def _nms(scalars_as_inputs: bool) -> onnx.ModelProto:
     values = [_int64("limit", [3]), helper.make_tensor("iou", TensorProto.FLOAT, (1,), [0.5]),
               helper.make_tensor("floor", TensorProto.FLOAT, (1,), [0.2])]

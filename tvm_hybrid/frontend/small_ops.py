@@ -19,6 +19,11 @@
   ``tolist()`` on the Relax constant), which also scatters into that shape where ONNX's
   reference scatters into the shape the pooling implies and pads it with zeros after: done so
   here for a constant ``output_shape``; one computed at run time is refused naming the node.
+* ``Upsample`` (opsets 7-9, deprecated since 10 but in older detectors): TVM's converter
+  reads only opset 7's ``scales`` attribute (opset 9's input failed) and rounds nearest source
+  pixels to the closest where the specification takes the floor. Here: whole-number nearest
+  scales repeat elements along their axes (any rank); other 4-d scales resize the two
+  spatial axes with asymmetric coordinates (``floor`` for nearest, as ONNX Runtime does).
 """
 
 from __future__ import annotations
@@ -165,5 +170,49 @@ class MaxUnpool(OnnxOpConverter):
         return relax.op.nn.pad(unpooled, widths)
 
 
-CONVERTERS = {"Celu": Celu, "OneHot": OneHot, "Swish": Swish, "MaxUnpool": MaxUnpool,
-              "LpNormalization": LpNormalization, "Pow": Pow}
+class Upsample(OnnxOpConverter):
+    """ONNX ``Upsample`` (opsets 7 and 9): ``out[i] = x[floor(i / scale)]`` for ``nearest``,
+    asymmetric linear interpolation for ``linear``."""
+
+    @classmethod
+    def _impl_v7(cls, bb, inputs, attr, params):
+        return cls._upsample(bb, inputs[0], [float(v) for v in attr.get("scales", [])], attr)
+
+    @classmethod
+    def _impl_v9(cls, bb, inputs, attr, params):
+        name = attr.get("tvm_custom", {}).get("name", "")
+        scales = get_constant(inputs[1], params)
+        if not isinstance(scales, tvm.ir.GenericConst):
+            raise UnsupportedModelError(f"Upsample node {name!r}: scales are computed at run "
+                                        "time; they must be a constant")
+        values = np.asarray(scales.value.numpy(), "float64").reshape(-1).tolist()
+        return cls._upsample(bb, inputs[0], values, attr)
+
+    @classmethod
+    def _upsample(cls, bb, x, scales, attr):
+        name = attr.get("tvm_custom", {}).get("name", "")
+        mode = attr.get("mode", b"nearest")
+        mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+        shape = [int(d) for d in x.ty.shape]
+        if len(scales) != len(shape) or mode not in ("nearest", "linear"):
+            raise UnsupportedModelError(f"Upsample node {name!r}: mode {mode!r} with scales "
+                                        f"{scales} on an input of shape {shape} is not "
+                                        "supported (nearest or linear, a scale per axis)")
+        if mode == "nearest" and all(s == int(s) and s >= 1 for s in scales):
+            for axis, scale in enumerate(scales):
+                if scale != 1:
+                    x = bb.emit(relax.op.repeat(x, int(scale), axis=axis))
+            return x
+        if len(shape) != 4 or scales[0] != 1 or scales[1] != 1:
+            raise UnsupportedModelError(f"Upsample node {name!r}: {mode} scales {scales} on an "
+                                        f"input of shape {shape} are not supported (4-d, "
+                                        "spatial axes only, or whole-number nearest scales)")
+        size = [int(np.floor(d * s)) for d, s in zip(shape[2:], scales[2:])]
+        return relax.op.image.resize2d(
+            x, relax.ShapeExpr(size), layout="NCHW",
+            method="nearest_neighbor" if mode == "nearest" else "linear",
+            coordinate_transformation_mode="asymmetric", rounding_method="floor")
+
+
+CONVERTERS = {"Celu": Celu, "Upsample": Upsample, "OneHot": OneHot, "Swish": Swish,
+              "MaxUnpool": MaxUnpool, "LpNormalization": LpNormalization, "Pow": Pow}

@@ -2,10 +2,10 @@
 
 TVM 0.27's ONNX importer converts some operands only when they are constants: a reduction's
 ``axes``, ``Pad``'s pads, ``TopK``'s ``k``, ``OneHot``'s depth and values, ``CumSum``'s axis,
-``Split``'s sizes, ``NonMaxSuppression``'s limits, ``MaxUnpool``'s output shape. A model that
-takes such an operand as a graph input (a detector's ``max_output_boxes_per_class`` or score
-threshold, a ``k`` chosen by the caller) cannot be compiled ahead of its first call.
-:func:`value_inputs` names those inputs;
+``Split``'s sizes, ``NonMaxSuppression``'s limits, ``MaxUnpool``'s output shape, ``Upsample``'s
+scales. A model that takes such an operand as a graph input (a detector's
+``max_output_boxes_per_class`` or score threshold, a ``k`` chosen by the caller) cannot be
+compiled ahead of its first call. :func:`value_inputs` names those inputs;
 :class:`~tvm_hybrid.specializing_model.SpecializingModel` then compiles the model once per
 combination of their values (as it does per input shape), with :func:`with_values` making them
 initializers. Each distinct value costs a compile, so such inputs should take few values: an
@@ -31,6 +31,7 @@ VALUE_OPERANDS: dict[str, tuple[int, ...]] = {
     "Split": (1,),
     "SplitToSequence": (1,),
     "TopK": (1,),
+    "Upsample": (1,),
 }
 #: The most elements a value input may have (operands such as axes and pads are short).
 MAX_ELEMENTS = 64
