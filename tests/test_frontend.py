@@ -1,4 +1,4 @@
-"""The front end before and around TVM's importer: shape folding and the LSTM/GRU converters.
+"""The front end before and around TVM's importer: shape folding and the LSTM/GRU/RNN converters.
 
 Folding is checked structurally (which nodes are left) and numerically (the folded model computes
 what the original does under ONNX Runtime); the recurrent converters are compared with ONNX
@@ -151,7 +151,7 @@ def test_quantization_and_large_constants_are_left_to_the_passes():
 def _recurrent(op, *, steps=5, batch=3, size=4, hidden=6, direction="forward", layout=0,
                bias=True, lengths=False, initial=True, peepholes=False, **attrs):
     directions = 2 if direction == "bidirectional" else 1
-    gates = 4 if op == "LSTM" else 3
+    gates = {"LSTM": 4, "GRU": 3, "RNN": 1}[op]
     rng = np.random.default_rng(1)
 
     def weight(name, shape, scale):
@@ -200,6 +200,9 @@ RECURRENT_CASES = [
     dict(op="GRU", layout=1, bias=False),
     dict(op="GRU", activations=["HardSigmoid", "Relu"], activation_alpha=[0.3],
          activation_beta=[0.4]),
+    dict(op="RNN"), dict(op="RNN", direction="bidirectional", lengths=True),
+    dict(op="RNN", layout=1), dict(op="RNN", clip=0.7), dict(op="RNN", bias=False, initial=False),
+    dict(op="RNN", direction="reverse", activations=["Relu"]),
 ]
 
 
@@ -520,6 +523,19 @@ def test_lp_normalization_matches_onnxruntime(p, axis, rng):
     want = np.where(norm == 0, 0, x / np.where(norm == 0, 1, norm))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got, _ort(model, {"x": x})[0], rtol=1e-5, atol=1e-6)
+
+
+def test_swiglu_matches_the_reference(rng):
+    """``SwiGLU`` (opset 28; missing in TVM's importer): ``A * sigmoid(alpha * A) * B``."""
+    from onnx.reference import ReferenceEvaluator
+
+    model = _model([helper.make_node("SwiGLU", ["a", "b"], ["y"], alpha=1.5)],
+                   [helper.make_tensor_value_info(n, TensorProto.FLOAT, [4, 24]) for n in "ab"],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], opset=28)
+    feeds = {n: (rng.standard_normal((4, 24)) * 3).astype("float32") for n in "ab"}
+    np.testing.assert_allclose(_outputs(tvm_hybrid.compile(model), feeds)[0],
+                               ReferenceEvaluator(model).run(None, feeds)[0], rtol=1e-5,
+                               atol=1e-6)
 
 
 def test_swish_matches_the_reference(rng):

@@ -1,4 +1,4 @@
-"""ONNX ``LSTM`` and ``GRU`` for TVM's Relax importer, which has neither.
+"""ONNX ``LSTM``, ``GRU`` and ``RNN`` for TVM's Relax importer, which has none of them.
 
 The recurrence is unrolled over the (static) sequence length. The input projection of all steps
 is one GEMM (``X @ W^T + b``, on the GEMM template); each step adds one ``h @ R^T`` GEMM with a
@@ -336,6 +336,34 @@ class _GRU(_Recurrence):
         return [self.emit(h)]
 
 
+class _RNN(_Recurrence):
+    """The simple recurrence: ``h = f(clip(X_t W^T + Wb + Rb + h_prev R^T))``."""
+
+    gates = 1
+    default_activations = ["Tanh"]
+
+    def __init__(self, bb, inputs, attrs):
+        super().__init__(bb, inputs, attrs, "RNN")
+        self.h0 = inputs[5]
+
+    def input_bias(self, wb, bias):
+        return relax.op.add(wb, relax.op.strided_slice(bias, [0], [self.hidden],
+                                                       [2 * self.hidden]))
+
+    def recurrent_weight(self, d):
+        rt, _ = super().recurrent_weight(d)
+        return rt, None  # Rb went into the input projection
+
+    def initial_states(self, d):
+        return [self.initial_state(self.h0, d)]
+
+    def cell(self, proj, state, rt, rb, d):
+        (f,) = self.activations.for_direction(d, 1)
+        (h_prev,) = state
+        pre = self.emit(relax.op.add(proj, relax.op.matmul(h_prev, rt)))
+        return [self.emit(f(self.clipped(pre)))]
+
+
 class LSTM(OnnxOpConverter):
     """ONNX ``LSTM`` (opsets 7 and 14), unrolled."""
 
@@ -352,5 +380,13 @@ class GRU(OnnxOpConverter):
         return _GRU(bb, inputs, attr).run()
 
 
+class RNN(OnnxOpConverter):
+    """ONNX ``RNN`` (opsets 7 and 14), unrolled."""
+
+    @classmethod
+    def _impl_v7(cls, bb, inputs, attr, params):
+        return _RNN(bb, inputs, attr).run()
+
+
 #: Converters this package adds to TVM's ONNX importer, by op type.
-CONVERTERS = {"LSTM": LSTM, "GRU": GRU}
+CONVERTERS = {"LSTM": LSTM, "GRU": GRU, "RNN": RNN}

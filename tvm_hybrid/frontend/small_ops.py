@@ -2,6 +2,7 @@
 
 * ``Celu`` (opset 12) is missing: ``max(0, x) + min(0, alpha * (exp(x / alpha) - 1))``.
 * ``Swish`` (opset 24) is missing: ``x * sigmoid(alpha * x)``.
+* ``SwiGLU`` (opset 28) is missing: ``A * sigmoid(alpha * A) * B``.
 * ``Pow`` with operands of different types (``float ** int64``, as exporters write integer
   exponents, or an integer base) fails in TVM on the type check, and integer ``Pow`` fails in
   its constant folding: the exponent is cast to a float base's type; an integer base is
@@ -60,6 +61,17 @@ class Swish(OnnxOpConverter):
         x = inputs[0]
         alpha = relax.const(float(attr.get("alpha", 1.0)), str(x.ty.dtype))
         return relax.op.multiply(x, relax.op.sigmoid(relax.op.multiply(x, alpha)))
+
+
+class SwiGLU(OnnxOpConverter):
+    """ONNX ``SwiGLU``: ``Swish_alpha(A) * B`` (inputs of one shape)."""
+
+    @classmethod
+    def _impl_v28(cls, bb, inputs, attr, params):
+        gate, value = inputs[0], inputs[1]
+        alpha = relax.const(float(attr.get("alpha", 1.0)), str(gate.ty.dtype))
+        swish = relax.op.multiply(gate, relax.op.sigmoid(relax.op.multiply(alpha, gate)))
+        return relax.op.multiply(swish, value)
 
 
 class Pow(OnnxOpConverter):
@@ -215,4 +227,5 @@ class Upsample(OnnxOpConverter):
 
 
 CONVERTERS = {"Celu": Celu, "Upsample": Upsample, "OneHot": OneHot, "Swish": Swish,
+              "SwiGLU": SwiGLU,
               "MaxUnpool": MaxUnpool, "LpNormalization": LpNormalization, "Pow": Pow}
