@@ -411,6 +411,20 @@ def test_non_max_suppression_limits_given_at_run_time(rng):
         tvm_hybrid.compile(_nms(True), dynamic="symbolic")
 
 
+@pytest.mark.parametrize("mode", ["DCR", "CRD"])
+def test_space_to_depth_in_either_mode(mode, rng):
+    """``SpaceToDepth``'s ``mode`` (opset 28): TVM ignored it and always moved blocks in DCR
+    order, so CRD models got their channels permuted. Against ONNX's reference."""
+    from onnx.reference import ReferenceEvaluator
+
+    model = _model([helper.make_node("SpaceToDepth", ["x"], ["y"], blocksize=2, mode=mode)],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4, 6])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], opset=28)
+    feeds = {"x": rng.standard_normal((2, 3, 4, 6)).astype("float32")}
+    np.testing.assert_array_equal(_outputs(tvm_hybrid.compile(model), feeds)[0],
+                                  ReferenceEvaluator(model).run(None, feeds)[0])
+
+
 @pytest.mark.parametrize("positive,negative", [(1, 0), (0, 1), (1, 1), (0, 0)])
 def test_is_inf_detects_the_signs_asked_for(positive, negative):
     """TVM's converter ignored ``detect_positive`` / ``detect_negative``."""

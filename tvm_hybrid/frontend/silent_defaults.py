@@ -3,7 +3,8 @@
 * ``NonMaxSuppression``: ``max_output_boxes_per_class``, ``iou_threshold`` and
   ``score_threshold`` given at run time (graph inputs, not initializers) are replaced by
   defaults (0, 0.5, 0.0): with the default 0 the op selects no box at all. Such inputs now raise
-  an error naming the node and the input; constant ones convert as before.
+  an error naming the node and the input; constant ones convert as before (graph inputs are
+  made constants per value first: ``value_inputs.py``).
 * ``IsInf`` ignores ``detect_positive`` and ``detect_negative``: here they select the sign.
 * ``ConvTranspose`` ignores ``output_shape`` (tf2onnx writes it): the output had the size of no
   padding. Here the specification's padding is derived from it (the total split as ``auto_pad``
@@ -17,6 +18,8 @@
   raised to the input's dimensions (an element-wise maximum, right-aligned).
 * ``LayerNormalization`` returns 0 for its optional ``Mean`` and ``InvStdDev`` outputs: here
   they are computed (over the normalised axes, kept as 1s) when the node has them.
+* ``SpaceToDepth`` ignores ``mode`` (opset 28's ``CRD``: each channel's block together) and
+  always moved blocks in ``DCR`` order.
 """
 
 from __future__ import annotations
@@ -155,5 +158,26 @@ class Expand(OnnxOpConverter):
         return _StockExpand._impl_v13(bb, inputs, attr, params)
 
 
+class SpaceToDepth(OnnxOpConverter):
+    """ONNX ``SpaceToDepth`` in either ``mode``: output channel ``(i * b + j) * C + c``
+    (``DCR``, the default) or ``c * b * b + i * b + j`` (``CRD``) holds block offset ``(i, j)``
+    of channel ``c``."""
+
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        node = f"SpaceToDepth node {attr.get('tvm_custom', {}).get('name', '')!r}"
+        mode = attr.get("mode", b"DCR")
+        mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+        if mode not in ("DCR", "CRD"):
+            raise UnsupportedModelError(f"{node}: unknown mode {mode!r}")
+        size = int(attr["blocksize"])
+        n, c, h, w = inputs[0].ty.shape  # sizes or symbolic dimensions
+        blocks = relax.op.reshape(inputs[0], (n, c, h // size, size, w // size, size))
+        order = [0, 3, 5, 1, 2, 4] if mode == "DCR" else [0, 1, 3, 5, 2, 4]
+        moved = relax.op.permute_dims(blocks, order)
+        return relax.op.reshape(moved, (n, c * size * size, h // size, w // size))
+
+
 CONVERTERS = {"NonMaxSuppression": NonMaxSuppression, "IsInf": IsInf, "Expand": Expand,
-              "ConvTranspose": ConvTranspose, "LayerNormalization": LayerNormalization}
+              "ConvTranspose": ConvTranspose, "LayerNormalization": LayerNormalization,
+              "SpaceToDepth": SpaceToDepth}
