@@ -18,12 +18,14 @@ from .rnn import CONVERTERS as RNN_CONVERTERS
 from .rotary import CONVERTERS as ROTARY_CONVERTERS
 from .silent_defaults import CONVERTERS as SILENT_DEFAULT_CONVERTERS
 from .small_ops import CONVERTERS as SMALL_OP_CONVERTERS
+from .spectral import CONVERTERS as SPECTRAL_CONVERTERS
 from .variadic import CONVERTERS as VARIADIC_CONVERTERS
 
 #: Op type -> ``OnnxOpConverter`` class, for ops TVM's importer lacks or imports opaquely.
 CONVERTERS = {**RNN_CONVERTERS, **CONV_INTEGER_CONVERTERS, **CLIP_CONVERTERS,
               **ATTENTION_CONVERTERS, **VARIADIC_CONVERTERS, **LRN_CONVERTERS,
-              **SMALL_OP_CONVERTERS, **SILENT_DEFAULT_CONVERTERS, **ROTARY_CONVERTERS}
+              **SMALL_OP_CONVERTERS, **SILENT_DEFAULT_CONVERTERS, **ROTARY_CONVERTERS,
+              **SPECTRAL_CONVERTERS}
 
 
 def convert_map() -> dict:

@@ -3,13 +3,14 @@
 TVM 0.27's ONNX importer converts some operands only when they are constants: a reduction's
 ``axes``, ``Pad``'s pads, ``TopK``'s ``k``, ``OneHot``'s depth and values, ``CumSum``'s axis,
 ``Split``'s sizes, ``NonMaxSuppression``'s limits, ``MaxUnpool``'s output shape, ``Upsample``'s
-scales. A model that takes such an operand as a graph input (a detector's
-``max_output_boxes_per_class`` or score threshold, a ``k`` chosen by the caller) cannot be
-compiled ahead of its first call. :func:`value_inputs` names those inputs;
-:class:`~tvm_hybrid.specializing_model.SpecializingModel` then compiles the model once per
-combination of their values (as it does per input shape), with :func:`with_values` making them
-initializers. Each distinct value costs a compile, so such inputs should take few values: an
-axis, a limit, a threshold.
+scales, ``DFT``'s length and axis, ``STFT``'s frame step and length; window functions and
+``MelWeightMatrix`` are folded to constants when their sizes are. A model that takes such an
+operand as a graph input (a detector's ``max_output_boxes_per_class`` or score threshold, a
+``k`` chosen by the caller) cannot be compiled ahead of its first call. :func:`value_inputs`
+names those inputs; :class:`~tvm_hybrid.specializing_model.SpecializingModel` then compiles the
+model once per combination of their values (as it does per input shape), with
+:func:`with_values` making them initializers. Each distinct value costs a compile, so such
+inputs should take few values: an axis, a limit, a threshold.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ _REDUCTIONS = ("ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "Reduc
 VALUE_OPERANDS: dict[str, tuple[int, ...]] = {
     **dict.fromkeys(_REDUCTIONS, (1,)),
     "CumSum": (1,),
+    "DFT": (1, 2),
+    "STFT": (1, 3),
     "MaxUnpool": (2,),
     "NonMaxSuppression": (2, 3, 4),
     "OneHot": (1, 2),
@@ -31,6 +34,8 @@ VALUE_OPERANDS: dict[str, tuple[int, ...]] = {
     "Split": (1,),
     "SplitToSequence": (1,),
     "TopK": (1,),
+    **dict.fromkeys(("BlackmanWindow", "HammingWindow", "HannWindow"), (0,)),
+    "MelWeightMatrix": (0, 1, 2, 3, 4),
     "Upsample": (1,),
 }
 #: The most elements a value input may have (operands such as axes and pads are short).
