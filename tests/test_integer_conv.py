@@ -50,6 +50,26 @@ def _reference(x: np.ndarray, w: np.ndarray, zp: int, group: int = 1) -> np.ndar
     return out.astype(np.float32)
 
 
+def test_conv_integer_with_run_time_per_channel_weight_zero_points():
+    """Weight zero points per output channel given at run time (TVM's reshape of them failed
+    on an unnormalised cast): exact against the int64 reference of ``w - w_zp``."""
+    w = RNG.integers(0, 256, (4, 3, 3, 3)).astype(np.uint8)
+    graph = helper.make_graph(
+        [helper.make_node("ConvInteger", ["x", "W", "zp", "wzp"], ["acc"], pads=[1, 1, 1, 1]),
+         helper.make_node("Cast", ["acc"], ["y"], to=TensorProto.FLOAT)],
+        "conv_integer", [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 3, 6, 7]),
+                         helper.make_tensor_value_info("wzp", TensorProto.UINT8, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(w, "W"),
+         onnx.numpy_helper.from_array(np.array(9, np.uint8), "zp")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    x = RNG.integers(0, 256, (1, 3, 6, 7)).astype(np.uint8)
+    wzp = RNG.integers(0, 256, 4).astype(np.uint8)
+    shifted = (w.astype(np.int64) - wzp.reshape(4, 1, 1, 1)).astype(np.int16)
+    np.testing.assert_array_equal(np.asarray(tvm_hybrid.compile(model)(x=x, wzp=wzp)),
+                                  _reference(x, shifted, 9))
+
+
 @pytest.mark.parametrize("group", [1, 16], ids=["dense", "depthwise"])
 def test_conv_integer_runs_on_the_fp32_engine_bit_exact(group):
     w = RNG.integers(-127, 128, (16, 16 // group, 3, 3)).astype(np.int8)

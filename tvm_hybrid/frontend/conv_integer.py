@@ -14,14 +14,15 @@ from tvm import relax
 from tvm.relax.frontend.onnx.onnx_frontend import Conv, OnnxOpConverter, onnx_input
 
 
-def _shifted(value: relax.Expr, zero_point: relax.Expr | None, axis_shape=None) -> relax.Expr:
-    shifted = relax.op.astype(value, "int32")
+def _shifted(bb, value: relax.Expr, zero_point: relax.Expr | None,
+             axis_shape=None) -> relax.Expr:
+    shifted = bb.emit(relax.op.astype(value, "int32"))
     if zero_point is None:
         return shifted
-    zp = relax.op.astype(zero_point, "int32")
+    zp = bb.emit(relax.op.astype(zero_point, "int32"))  # emitted: reshape needs its type
     if axis_shape is not None:  # per-output-channel weight zero point [M] -> [M, 1, ...]
-        zp = relax.op.reshape(zp, axis_shape)
-    return relax.op.subtract(shifted, zp)
+        zp = bb.emit(relax.op.reshape(zp, axis_shape))
+    return bb.emit(relax.op.subtract(shifted, zp))
 
 
 class ConvInteger(OnnxOpConverter):
@@ -36,8 +37,8 @@ class ConvInteger(OnnxOpConverter):
             w_axis = [-1] + [1] * (rank - 1)
         if x_zp is not None and x_zp.ty.ndim == 1:
             x_zp = relax.op.reshape(x_zp, ())
-        data = bb.emit(_shifted(x, x_zp))
-        weight = bb.emit(_shifted(w, w_zp, w_axis))
+        data = _shifted(bb, x, x_zp)
+        weight = _shifted(bb, w, w_zp, w_axis)
         return Conv._impl_v11(bb, onnx_input([data, weight, None]), attr, params)
 
 
