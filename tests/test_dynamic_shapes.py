@@ -136,3 +136,10 @@ def test_inputs_needed_at_compile_time_are_specialized_per_value(rng, caplog):
         compiled.export("model.so")
     with pytest.raises(InputError, match="'axes'.*has 100 elements; at most 64"):
         compiled(np.zeros((3, 6), "float32"), np.zeros(100, "int64"), np.array([1]))
+    # Values the model cannot take are the caller's error, named (TVM read past the input
+    # for a k larger than the axis).
+    for axes, k, what in (([1], [7], "k = 7 is not within the 6 elements"),
+                          ([1], [-1], "k = -1 is not within"), ([4], [1], "ReduceMax")):
+        with pytest.raises(InputError, match=rf"cannot run with axes = \[{axes[0]}\], "
+                                             rf"k = \[{k[0]}\]: .*{what}"):
+            compiled(np.zeros((3, 6), "float32"), np.array(axes), np.array(k))

@@ -411,6 +411,24 @@ def test_non_max_suppression_limits_given_at_run_time(rng):
         tvm_hybrid.compile(_nms(True), dynamic="symbolic")
 
 
+@pytest.mark.parametrize("opset", [10, 11])
+def test_top_k_reads_k_where_the_opset_puts_it(opset, rng):
+    """Opset 10 moved ``k`` to an input; TVM's converter read opset 1's attribute (absent:
+    ``k = 1``). A ``k`` past the axis read past the input's end; now refused by name."""
+    model = _model([helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=1, name="top")],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 9])],
+                   [helper.make_tensor_value_info("v", TensorProto.FLOAT, None),
+                    helper.make_tensor_value_info("i", TensorProto.INT64, None)],
+                   [_int64("k", [4])], opset=opset)
+    feeds = {"x": rng.permutation(27).reshape(3, 9).astype("float32")}
+    for got, want in zip(_outputs(tvm_hybrid.compile(model), feeds), _ort(model, feeds)):
+        np.testing.assert_array_equal(got, want)
+    model.graph.initializer[0].CopyFrom(_int64("k", [10]))
+    with pytest.raises(UnsupportedModelError, match="TopK node 'top': k = 10 is not within "
+                                                    "the 9 elements of axis 1"):
+        tvm_hybrid.compile(model)
+
+
 @pytest.mark.parametrize("mode", ["DCR", "CRD"])
 def test_space_to_depth_in_either_mode(mode, rng):
     """``SpaceToDepth``'s ``mode`` (opset 28): TVM ignored it and always moved blocks in DCR

@@ -27,7 +27,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .compiled_model import CompiledModel
-from .errors import InputError, OptionError
+from .errors import InputError, OptionError, first_line
 from .frontend import TensorSpec
 from .frontend.value_inputs import MAX_ELEMENTS, value_key
 
@@ -207,9 +207,17 @@ class SpecializingModel:
             names = [s.name for s in self.inputs if s.name not in self.value_inputs]
             shapes = dict(zip(names, shape_key))
             start = time.perf_counter()
-            model = self._compile_for(shapes, values)
             shown = [f"{n}: {_show(s)}" for n, s in shapes.items()]
             shown += [f"{n} = {v.tolist()}" for n, v in values.items()]
+            try:
+                model = self._compile_for(shapes, values)
+            except Exception as err:
+                if not values:
+                    raise
+                # A value the model cannot take (k past the axis, an axis past the rank):
+                # the caller's input, said as such.
+                raise InputError(f"{self.source} cannot run with "
+                                 f"{', '.join(shown[len(shapes):])}: {first_line(err)}") from err
             logger.info("compiled %s for inputs %s in %.1f s (%d of at most %d kept)",
                         self.source, ", ".join(shown), time.perf_counter() - start,
                         len(self._models) + 1, self.max_specializations)

@@ -18,6 +18,11 @@
   raised to the input's dimensions (an element-wise maximum, right-aligned).
 * ``LayerNormalization`` returns 0 for its optional ``Mean`` and ``InvStdDev`` outputs: here
   they are computed (over the normalised axes, kept as 1s) when the node has them.
+* ``TopK``: opset 10's ``k`` input was read as opset 1's attribute (absent, so ``k = 1``);
+  a ``k`` larger than the axis gave an output of ``k`` elements past the input's end
+  (uninitialised memory), and a negative one a deep TVM error. Here ``k`` is read where the
+  opset puts it and checked against the axis (an error naming the node); ``sorted = 0``
+  (any order) is served sorted.
 * ``SpaceToDepth`` ignores ``mode`` (opset 28's ``CRD``: each channel's block together) and
   always moved blocks in ``DCR`` order.
 """
@@ -31,7 +36,7 @@ from tvm.relax.frontend.onnx.onnx_frontend import ConvTranspose as _StockConvTra
 from tvm.relax.frontend.onnx.onnx_frontend import Expand as _StockExpand
 from tvm.relax.frontend.onnx.onnx_frontend import LayerNormalization as _StockLayerNorm
 from tvm.relax.frontend.onnx.onnx_frontend import NonMaxSuppression as _StockNMS
-from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
+from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter, get_constant
 
 from ..errors import UnsupportedModelError
 from .static_dims import static_dims
@@ -158,6 +163,42 @@ class Expand(OnnxOpConverter):
         return _StockExpand._impl_v13(bb, inputs, attr, params)
 
 
+class TopK(OnnxOpConverter):
+    """ONNX ``TopK``: ``k`` (attribute in opset 1, input from opset 10) checked against the
+    axis, then ``relax.op.topk``."""
+
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        return cls._topk(bb, inputs[0], int(attr.get("k", 1)), attr)
+
+    @classmethod
+    def _impl_v10(cls, bb, inputs, attr, params):
+        node = f"TopK node {attr.get('tvm_custom', {}).get('name', '')!r}"
+        k = get_constant(inputs[1], params)
+        if not isinstance(k, tvm.ir.GenericConst):
+            raise UnsupportedModelError(f"{node}: k is computed at run time; it must be a "
+                                        "constant")
+        values = np.asarray(k.value.numpy()).reshape(-1)
+        if values.size != 1:
+            raise UnsupportedModelError(f"{node}: k must have one element, got {values.size}")
+        return cls._topk(bb, inputs[0], int(values[0]), attr)
+
+    @classmethod
+    def _topk(cls, bb, data, k: int, attr):
+        node = f"TopK node {attr.get('tvm_custom', {}).get('name', '')!r}"
+        axis = int(attr.get("axis", -1))
+        dims = data.ty.shape.values if data.ty.shape is not None else None
+        if dims is not None and -len(dims) <= axis < len(dims):
+            size = dims[axis]
+            if isinstance(size, tvm.tirx.IntImm) and not 0 <= k <= int(size):
+                raise UnsupportedModelError(f"{node}: k = {k} is not within the {int(size)} "
+                                            f"elements of axis {axis}")
+        if k < 0:
+            raise UnsupportedModelError(f"{node}: k = {k} is negative")
+        return relax.op.topk(data, k, axis, ret_type="both",
+                             largest=bool(attr.get("largest", 1)), dtype="int64")
+
+
 class SpaceToDepth(OnnxOpConverter):
     """ONNX ``SpaceToDepth`` in either ``mode``: output channel ``(i * b + j) * C + c``
     (``DCR``, the default) or ``c * b * b + i * b + j`` (``CRD``) holds block offset ``(i, j)``
@@ -180,4 +221,4 @@ class SpaceToDepth(OnnxOpConverter):
 
 CONVERTERS = {"NonMaxSuppression": NonMaxSuppression, "IsInf": IsInf, "Expand": Expand,
               "ConvTranspose": ConvTranspose, "LayerNormalization": LayerNormalization,
-              "SpaceToDepth": SpaceToDepth}
+              "SpaceToDepth": SpaceToDepth, "TopK": TopK}
