@@ -31,6 +31,7 @@ VALUE_OPERANDS: dict[str, tuple[int, ...]] = {
     "NonMaxSuppression": (2, 3, 4),
     "OneHot": (1, 2),
     "Pad": (1, 2, 3),
+    "Resize": (1, 2, 3),
     "Split": (1,),
     "SplitToSequence": (1,),
     "TopK": (1,),
