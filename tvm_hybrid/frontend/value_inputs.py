@@ -1,16 +1,17 @@
 """Graph inputs whose values TVM's importer needs at compile time.
 
 TVM 0.27's ONNX importer converts some operands only when they are constants: a reduction's
-``axes``, ``Pad``'s pads, ``TopK``'s ``k``, ``OneHot``'s depth and values, ``CumSum``'s axis,
-``Split``'s sizes, ``NonMaxSuppression``'s limits, ``MaxUnpool``'s output shape, ``Upsample``'s
-scales, ``DFT``'s length and axis, ``STFT``'s frame step and length; window functions and
-``MelWeightMatrix`` are folded to constants when their sizes are. A model that takes such an
-operand as a graph input (a detector's ``max_output_boxes_per_class`` or score threshold, a
-``k`` chosen by the caller) cannot be compiled ahead of its first call. :func:`value_inputs`
-names those inputs; :class:`~tvm_hybrid.specializing_model.SpecializingModel` then compiles the
-model once per combination of their values (as it does per input shape), with
-:func:`with_values` making them initializers. Each distinct value costs a compile, so such
-inputs should take few values: an axis, a limit, a threshold.
+``axes``, ``Pad``'s pads, ``TopK``'s ``k``, ``OneHot``'s depth and values, ``Resize``'s scales,
+sizes and region, ``CumSum``'s axis, ``Split``'s sizes, ``NonMaxSuppression``'s limits,
+``MaxUnpool``'s output shape, ``Upsample``'s scales, ``DFT``'s length and axis, ``STFT``'s
+frame step and length; window functions and ``MelWeightMatrix`` are folded to constants when
+their sizes are. A model that takes such an operand as a graph input (a detector's
+``max_output_boxes_per_class`` or score threshold, a ``k`` chosen by the caller) cannot be
+compiled ahead of its first call. :func:`value_inputs` names those inputs;
+:class:`~tvm_hybrid.specializing_model.SpecializingModel` then compiles the model once per
+combination of their values (as it does per input shape), with :func:`with_values` making them
+initializers. Each distinct value costs a compile, so such inputs should take few values: an
+axis, a limit, a threshold.
 """
 
 from __future__ import annotations
