@@ -557,6 +557,21 @@ def test_lp_normalization_matches_onnxruntime(p, axis, rng):
     np.testing.assert_allclose(got, _ort(model, {"x": x})[0], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("exclusive,reverse", [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_cumprod_matches_the_reference(exclusive, reverse, rng):
+    """``CumProd`` (opset 26; missing in TVM's importer)."""
+    from onnx.reference import ReferenceEvaluator
+
+    model = _model([helper.make_node("CumProd", ["x", "axis"], ["y"], exclusive=exclusive,
+                                     reverse=reverse)],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 7])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                   [helper.make_tensor("axis", TensorProto.INT64, [], [1])], opset=26)
+    feeds = {"x": rng.uniform(0.5, 1.5, (3, 7)).astype("float32")}
+    np.testing.assert_allclose(_outputs(tvm_hybrid.compile(model), feeds)[0],
+                               ReferenceEvaluator(model).run(None, feeds)[0], rtol=1e-5)
+
+
 def test_swiglu_matches_the_reference(rng):
     """``SwiGLU`` (opset 28; missing in TVM's importer): ``A * sigmoid(alpha * A) * B``."""
     from onnx.reference import ReferenceEvaluator

@@ -3,6 +3,8 @@
 * ``Celu`` (opset 12) is missing: ``max(0, x) + min(0, alpha * (exp(x / alpha) - 1))``.
 * ``Swish`` (opset 24) is missing: ``x * sigmoid(alpha * x)``.
 * ``SwiGLU`` (opset 28) is missing: ``A * sigmoid(alpha * A) * B``.
+* ``CumProd`` (opset 26) is missing: ``relax.op.cumprod`` along the constant axis, with
+  ``exclusive`` and ``reverse`` as ``CumSum`` has them.
 * ``Pow`` with operands of different types (``float ** int64``, as exporters write integer
   exponents, or an integer base) fails in TVM on the type check, and integer ``Pow`` fails in
   its constant folding: the exponent is cast to a float base's type; an integer base is
@@ -72,6 +74,26 @@ class SwiGLU(OnnxOpConverter):
         alpha = relax.const(float(attr.get("alpha", 1.0)), str(gate.ty.dtype))
         swish = relax.op.multiply(gate, relax.op.sigmoid(relax.op.multiply(alpha, gate)))
         return relax.op.multiply(swish, value)
+
+
+class CumProd(OnnxOpConverter):
+    """ONNX ``CumProd``: the running product along ``axis`` (``exclusive``: of the elements
+    before; ``reverse``: from the end)."""
+
+    @classmethod
+    def _impl_v26(cls, bb, inputs, attr, params):
+        name = attr.get("tvm_custom", {}).get("name", "")
+        axis = get_constant(inputs[1], params)
+        if not isinstance(axis, tvm.ir.GenericConst) or axis.value.numpy().size != 1:
+            raise UnsupportedModelError(f"CumProd node {name!r}: axis must be a one-element "
+                                        "constant")
+        axis = int(np.asarray(axis.value.numpy()).reshape(-1)[0])
+        data = inputs[0]
+        reverse = bool(attr.get("reverse", 0))
+        if reverse:
+            data = bb.emit(relax.op.flip(data, axis))
+        out = bb.emit(relax.op.cumprod(data, axis, exclusive=bool(attr.get("exclusive", 0))))
+        return bb.emit(relax.op.flip(out, axis)) if reverse else out
 
 
 class Pow(OnnxOpConverter):
@@ -227,5 +249,5 @@ class Upsample(OnnxOpConverter):
 
 
 CONVERTERS = {"Celu": Celu, "Upsample": Upsample, "OneHot": OneHot, "Swish": Swish,
-              "SwiGLU": SwiGLU,
+              "SwiGLU": SwiGLU, "CumProd": CumProd,
               "MaxUnpool": MaxUnpool, "LpNormalization": LpNormalization, "Pow": Pow}

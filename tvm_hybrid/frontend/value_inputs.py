@@ -26,6 +26,8 @@ _REDUCTIONS = ("ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "Reduc
 VALUE_OPERANDS: dict[str, tuple[int, ...]] = {
     **dict.fromkeys(_REDUCTIONS, (1,)),
     "CumSum": (1,),
+    "CumProd": (1,),
+    "AffineGrid": (1,),
     "DFT": (1, 2),
     "STFT": (1, 3),
     "MaxUnpool": (2,),
