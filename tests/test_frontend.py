@@ -572,6 +572,49 @@ def test_cumprod_matches_the_reference(exclusive, reverse, rng):
                                ReferenceEvaluator(model).run(None, feeds)[0], rtol=1e-5)
 
 
+@pytest.mark.parametrize("past,bias,activation", [(False, False, "none"), (True, True, "silu"),
+                                                 (True, False, "swish")])
+def test_causal_conv_with_state_matches_the_reference(past, bias, activation, rng):
+    """``CausalConvWithState`` (opset 27, Gated DeltaNet and Mamba; missing in TVM's importer):
+    the output and the carried state."""
+    from onnx.reference import ReferenceEvaluator
+
+    names = ["x", "w", "b" if bias else "", "past" if past else ""]
+    while not names[-1]:
+        names.pop()
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6, 5])]
+    if past:
+        inputs.append(helper.make_tensor_value_info("past", TensorProto.FLOAT, [2, 6, 3]))
+    inits = [onnx.numpy_helper.from_array(rng.standard_normal((6, 1, 4)).astype("float32"), "w")]
+    if bias:
+        inits.append(onnx.numpy_helper.from_array(rng.standard_normal(6).astype("float32"), "b"))
+    model = _model([helper.make_node("CausalConvWithState", names, ["y", "state"],
+                                     activation=activation)], inputs,
+                   [helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
+                    for n in ("y", "state")], inits, opset=27)
+    feeds = {v.name: rng.standard_normal([d.dim_value for d in v.type.tensor_type.shape.dim])
+             .astype("float32") for v in inputs}
+    for got, want in zip(_outputs(tvm_hybrid.compile(model), feeds),
+                         ReferenceEvaluator(model).run(None, feeds)):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape,axes", [([3, 8, 4], None), ([5, 3], [-2, 1])])
+def test_center_crop_pad_matches_the_reference(shape, axes, rng):
+    """``CenterCropPad`` (opset 18; missing in TVM's importer): crops and pads, centred."""
+    from onnx.reference import ReferenceEvaluator
+
+    attrs = {"axes": axes} if axes else {}
+    model = _model([helper.make_node("CenterCropPad", ["x", "s"], ["y"], **attrs)],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 5, 6])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                   [_int64("s", shape)], opset=18)
+    feeds = {"x": rng.standard_normal((4, 5, 6)).astype("float32")}
+    np.testing.assert_array_equal(_outputs(tvm_hybrid.compile(model), feeds)[0],
+                                  ReferenceEvaluator(model).run(None, feeds)[0])
+
+
 def test_swiglu_matches_the_reference(rng):
     """``SwiGLU`` (opset 28; missing in TVM's importer): ``A * sigmoid(alpha * A) * B``."""
     from onnx.reference import ReferenceEvaluator

@@ -11,6 +11,7 @@ import contextlib
 from tvm.relax.frontend.onnx import onnx_frontend
 
 from .attention import CONVERTERS as ATTENTION_CONVERTERS
+from .causal_conv import CONVERTERS as CAUSAL_CONV_CONVERTERS
 from .clip import CONVERTERS as CLIP_CONVERTERS
 from .conv_integer import CONVERTERS as CONV_INTEGER_CONVERTERS
 from .lrn import CONVERTERS as LRN_CONVERTERS
@@ -26,7 +27,7 @@ from .variadic import CONVERTERS as VARIADIC_CONVERTERS
 CONVERTERS = {**RNN_CONVERTERS, **CONV_INTEGER_CONVERTERS, **CLIP_CONVERTERS,
               **ATTENTION_CONVERTERS, **VARIADIC_CONVERTERS, **LRN_CONVERTERS,
               **SMALL_OP_CONVERTERS, **SILENT_DEFAULT_CONVERTERS, **ROTARY_CONVERTERS,
-              **SPECTRAL_CONVERTERS, **RESIZE_CONVERTERS}
+              **SPECTRAL_CONVERTERS, **RESIZE_CONVERTERS, **CAUSAL_CONV_CONVERTERS}
 
 
 def convert_map() -> dict:

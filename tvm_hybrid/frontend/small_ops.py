@@ -3,6 +3,8 @@
 * ``Celu`` (opset 12) is missing: ``max(0, x) + min(0, alpha * (exp(x / alpha) - 1))``.
 * ``Swish`` (opset 24) is missing: ``x * sigmoid(alpha * x)``.
 * ``SwiGLU`` (opset 28) is missing: ``A * sigmoid(alpha * A) * B``.
+* ``CenterCropPad`` (opset 18) is missing: a centred slice where the input is larger than the
+  target (the window's start rounded down), zeros around it where smaller (the odd one after).
 * ``CumProd`` (opset 26) is missing: ``relax.op.cumprod`` along the constant axis, with
   ``exclusive`` and ``reverse`` as ``CumSum`` has them.
 * ``Pow`` with operands of different types (``float ** int64``, as exporters write integer
@@ -38,6 +40,7 @@ from tvm.relax.frontend.onnx.onnx_frontend import MaxUnpool as _StockMaxUnpool
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter, get_constant
 
 from ..errors import UnsupportedModelError
+from .static_dims import static_dims
 
 
 class Celu(OnnxOpConverter):
@@ -74,6 +77,33 @@ class SwiGLU(OnnxOpConverter):
         alpha = relax.const(float(attr.get("alpha", 1.0)), str(gate.ty.dtype))
         swish = relax.op.multiply(gate, relax.op.sigmoid(relax.op.multiply(alpha, gate)))
         return relax.op.multiply(swish, value)
+
+
+class CenterCropPad(OnnxOpConverter):
+    """ONNX ``CenterCropPad``: each of ``axes`` cropped or zero-padded, centred, to ``shape``."""
+
+    @classmethod
+    def _impl_v18(cls, bb, inputs, attr, params):
+        node = f"CenterCropPad node {attr.get('tvm_custom', {}).get('name', '')!r}"
+        target = get_constant(inputs[1], params)
+        if not isinstance(target, tvm.ir.GenericConst):
+            raise UnsupportedModelError(f"{node}: shape is computed at run time; it must be a "
+                                        "constant")
+        sizes = [int(v) for v in np.asarray(target.value.numpy()).reshape(-1)]
+        x = inputs[0]
+        dims = static_dims(x, "input", node)
+        axes = [a + len(dims) if a < 0 else a for a in attr.get("axes", range(len(dims)))]
+        if len(axes) != len(sizes):
+            raise UnsupportedModelError(f"{node}: {len(sizes)} sizes for axes {axes}")
+        pads = [0] * (2 * len(dims))
+        for axis, size in zip(axes, sizes):
+            if dims[axis] > size:
+                start = (dims[axis] - size) // 2
+                x = bb.emit(relax.op.strided_slice(x, [axis], [start], [start + size]))
+            elif dims[axis] < size:
+                pads[2 * axis] = (size - dims[axis]) // 2
+                pads[2 * axis + 1] = size - dims[axis] - pads[2 * axis]
+        return bb.emit(relax.op.nn.pad(x, pads)) if any(pads) else x
 
 
 class CumProd(OnnxOpConverter):
@@ -249,5 +279,5 @@ class Upsample(OnnxOpConverter):
 
 
 CONVERTERS = {"Celu": Celu, "Upsample": Upsample, "OneHot": OneHot, "Swish": Swish,
-              "SwiGLU": SwiGLU, "CumProd": CumProd,
+              "SwiGLU": SwiGLU, "CumProd": CumProd, "CenterCropPad": CenterCropPad,
               "MaxUnpool": MaxUnpool, "LpNormalization": LpNormalization, "Pow": Pow}

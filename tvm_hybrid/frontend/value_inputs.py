@@ -27,6 +27,7 @@ VALUE_OPERANDS: dict[str, tuple[int, ...]] = {
     **dict.fromkeys(_REDUCTIONS, (1,)),
     "CumSum": (1,),
     "CumProd": (1,),
+    "CenterCropPad": (1,),
     "AffineGrid": (1,),
     "DFT": (1, 2),
     "STFT": (1, 3),
