@@ -185,7 +185,9 @@ class SpecializingModel:
                     f"input {name!r} of {self.source} is an operand TVM needs at compile time "
                     f"(axes, pads, k, limits: compiled once per value), and has "
                     f"{values[name].size} elements; at most {MAX_ELEMENTS} are supported")
-        return {name: values[name] for name in self.value_inputs}
+        # In the declared type (a Python list of ints is int64; the model may say int32).
+        return {name: values[name].astype(specs[name].dtype, copy=False)
+                for name in self.value_inputs}
 
     def _model_for(self, feeds: dict[str, np.ndarray]) -> CompiledModel:
         key = []
