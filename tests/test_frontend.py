@@ -615,6 +615,53 @@ def test_center_crop_pad_matches_the_reference(shape, axes, rng):
                                   ReferenceEvaluator(model).run(None, feeds)[0])
 
 
+@pytest.mark.parametrize("rule,per_head", [("linear", False), ("gated", False),
+                                           ("delta", False), ("gated_delta", True)])
+def test_linear_attention_matches_the_reference(rule, per_head, rng):
+    """``LinearAttention`` (opset 27; missing in TVM's importer), unrolled over 5 tokens with a
+    past state, 4 query heads sharing 2 key/value heads."""
+    from onnx.reference import ReferenceEvaluator
+
+    b, t, hq, hkv, dk, dv = 2, 5, 4, 2, 8, 6
+    shapes = {"q": [b, t, hq * dk], "k": [b, t, hkv * dk], "v": [b, t, hkv * dv],
+              "past": [b, hkv, dk, dv]}
+    if "gated" in rule:
+        shapes["g"] = [b, t, hkv if per_head else hkv * dk]
+    if "delta" in rule:
+        shapes["beta"] = [b, t, hkv]
+    names = ["q", "k", "v", "past", "g" if "g" in shapes else "",
+             "beta" if "beta" in shapes else ""]
+    while not names[-1]:
+        names.pop()
+    model = _model([helper.make_node("LinearAttention", names, ["y", "state"], update_rule=rule,
+                                     q_num_heads=hq, kv_num_heads=hkv)],
+                   [helper.make_tensor_value_info(n, TensorProto.FLOAT, d)
+                    for n, d in shapes.items()],
+                   [helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
+                    for n in ("y", "state")], opset=27)
+    feeds = {n: (rng.standard_normal(d) * 0.5).astype("float32") for n, d in shapes.items()}
+    if "g" in feeds:
+        feeds["g"] = -np.abs(feeds["g"])  # log-space decays
+    if "beta" in feeds:
+        feeds["beta"] = rng.uniform(0, 1, shapes["beta"]).astype("float32")
+    for got, want in zip(_outputs(tvm_hybrid.compile(model), feeds),
+                         ReferenceEvaluator(model).run(None, feeds)):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_linear_attention_prefill_beyond_the_unrolled_steps_is_refused():
+    from tvm_hybrid.frontend.linear_attention import MAX_STEPS
+
+    model = _model([helper.make_node("LinearAttention", ["q", "k", "v"], ["y"], name="la",
+                                     update_rule="linear", q_num_heads=1, kv_num_heads=1)],
+                   [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, MAX_STEPS + 1, 4])
+                    for n in "qkv"],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], opset=27)
+    with pytest.raises(UnsupportedModelError, match=f"'la': {MAX_STEPS + 1} tokens"):
+        tvm_hybrid.compile(model)
+
+
 def test_swiglu_matches_the_reference(rng):
     """``SwiGLU`` (opset 28; missing in TVM's importer): ``A * sigmoid(alpha * A) * B``."""
     from onnx.reference import ReferenceEvaluator
