@@ -106,3 +106,16 @@ def test_interpolation_matrix_rows_sum_to_one():
             matrix, outside = interpolation_matrix(13, 5, 0.4, mode, antialias=antialias)
             assert outside is None
             np.testing.assert_allclose(matrix.sum(axis=1), 1.0, atol=1e-12)
+
+
+def test_hostile_scales_are_refused_by_name():
+    """Sizes that would need an enormous interpolation matrix, or leave an axis empty, are
+    refused before anything is built."""
+    from tvm_hybrid.errors import UnsupportedModelError
+
+    for scales, what in (([1, 1, 0.3, 123456.7], "12345670x100 interpolation matrix"),
+                         ([1, 1, 0.01, 0.5], "leaves axis 2 of 10 elements empty")):
+        model = _model({"mode": "linear"}, (1, 1, 10 if "empty" in what else 100, 100), scales)
+        model.graph.node[0].name = "big"
+        with pytest.raises(UnsupportedModelError, match=f"Resize node 'big': .*{what}"):
+            tvm_hybrid.compile(model)

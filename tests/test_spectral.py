@@ -100,8 +100,14 @@ def test_dft_matrix_is_the_transform():
 
 
 def test_a_transform_too_large_is_refused_by_name():
+    """Refused before the matrix is built (a length of 10**9 would need 16 GiB of it)."""
     model = _model([helper.make_node("DFT", ["x", "", "axis"], ["y"], name="big")],
                    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8192, 2])],
                    [_scalar("axis", 1)])
     with pytest.raises(UnsupportedModelError, match="DFT node 'big'.*matrix"):
+        tvm_hybrid.compile(model)
+    model = _model([helper.make_node("DFT", ["x", "n", "axis"], ["y"], name="long")],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 1])],
+                   [_scalar("axis", 1), _scalar("n", 10**9)])
+    with pytest.raises(UnsupportedModelError, match="DFT node 'long'.*16x2000000000 matrix"):
         tvm_hybrid.compile(model)

@@ -35,6 +35,8 @@ _MODES = ("nearest", "linear", "cubic")
 _COORDINATES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
                 "asymmetric", "tf_crop_and_resize")
 _NEAREST = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+#: The largest interpolation matrix built (elements; 128 MiB of float64).
+MAX_MATRIX_ELEMENTS = 1 << 24
 
 
 def _text(attr: dict, name: str, default: str) -> str:
@@ -235,6 +237,13 @@ class Resize(OnnxOpConverter):
         kept = np.ones([1] * len(dims), bool)
         for a in moved:
             scale, out, window = plan[a]
+            if out < 1:
+                raise UnsupportedModelError(f"{node}: scale {scale} leaves axis {a} of "
+                                            f"{dims[a]} elements empty")
+            if out * dims[a] > MAX_MATRIX_ELEMENTS:
+                raise UnsupportedModelError(f"{node}: resizing axis {a} from {dims[a]} to {out} "
+                                            f"needs a {out}x{dims[a]} interpolation matrix; at "
+                                            f"most {MAX_MATRIX_ELEMENTS} elements are supported")
             matrix, outside = interpolation_matrix(
                 dims[a], out, scale, mode, coord, nearest_mode,
                 float(attr.get("cubic_coeff_a", -0.75)), bool(attr.get("exclude_outside", 0)),

@@ -98,11 +98,12 @@ def _transform(bb, x: relax.Expr, axis: int, length: int, inverse: bool, oneside
     if c not in (1, 2) or not 0 <= axis < rank - 1:
         raise UnsupportedModelError(f"{node}: input of shape {dims} and axis {axis}: the last "
                                     "axis must be the 1 or 2 components, the transform another")
-    matrix = dft_matrix(n, c, length, inverse, onesided, window)
-    if matrix.size > MAX_MATRIX_ELEMENTS:
+    outputs = length if inverse and onesided else 2 * (length // 2 + 1 if onesided else length)
+    if n * c * outputs > MAX_MATRIX_ELEMENTS:  # checked before building it
         raise UnsupportedModelError(f"{node}: a transform of {n} samples to {length} needs a "
-                                    f"{matrix.shape[0]}x{matrix.shape[1]} matrix; at most "
-                                    f"{MAX_MATRIX_ELEMENTS} elements are supported")
+                                    f"{n * c}x{outputs} matrix; at most {MAX_MATRIX_ELEMENTS} "
+                                    "elements are supported")
+    matrix = dft_matrix(n, c, length, inverse, onesided, window)
     dtype = str(x.ty.dtype)
     compute = "float64" if dtype == "float64" else "float32"
     if dtype != compute:
@@ -175,6 +176,9 @@ class STFT(OnnxOpConverter):
             raise UnsupportedModelError(f"{node}: frame step {step} and frames of {size} "
                                         f"samples do not fit a signal of {samples}")
         count = 1 + (samples - size) // step
+        if count * size > MAX_MATRIX_ELEMENTS:
+            raise UnsupportedModelError(f"{node}: {count} frames of {size} samples; at most "
+                                        f"{MAX_MATRIX_ELEMENTS} gathered samples are supported")
         starts = np.arange(count)[:, None] * step + np.arange(size)[None, :]
         frames = bb.emit(relax.op.take(signal, relax.const(starts.astype("int64")), axis=1))
         if window is not None and weights is None:  # a window given at run time
