@@ -158,15 +158,14 @@ def attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.PrimF
             for i in T.vectorized(bq):
                 ST[j, i] = fast_exp(ST[j, i] - mb[i])
                 ls[i] = ls[i] + ST[j, i]
-        for i in range(bq):
-            for c in T.vectorized(d):
-                Ob[i, c] = Ob[i, c] * alpha[i]
+        # The output rows are rescaled by alpha as the P.V tiles load them.
         for it, ct in T.grid(bq // pv.mr, d // pv.nr):
             acc = T.alloc_buffer((pv.mr, pv.nr), "float32")
             for i in T.unroll(pv.mr):
                 for v in T.unroll(pv_vectors):
                     acc[i, T.ramp(v * lanes, 1, lanes)] = Ob[
-                        it * pv.mr + i, T.ramp(ct * pv.nr + v * lanes, 1, lanes)]
+                        it * pv.mr + i, T.ramp(ct * pv.nr + v * lanes, 1, lanes)] * T.broadcast(
+                        alpha[it * pv.mr + i], lanes)
             probs = T.decl_buffer((pv.mr, keys), "float32", data=ST.data,
                                   elem_offset=it * pv.mr, strides=[1, bq])
             values = T.decl_buffer((keys, pv.nr), "float32", data=Vf.data,
@@ -182,7 +181,7 @@ def attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.PrimF
                 acc = T.alloc_buffer((pv.mr, pv.nr), "float32")
                 for i in T.unroll(pv.mr):
                     for c in T.vectorized(c_rest):
-                        acc[i, c] = Ob[it * pv.mr + i, c0 + c]
+                        acc[i, c] = Ob[it * pv.mr + i, c0 + c] * alpha[it * pv.mr + i]
                 probs = T.decl_buffer((pv.mr, keys), "float32", data=ST.data,
                                       elem_offset=it * pv.mr, strides=[1, bq])
                 values = T.decl_buffer((keys, c_rest), "float32", data=Vf.data,
