@@ -119,3 +119,16 @@ def test_hostile_scales_are_refused_by_name():
         model.graph.node[0].name = "big"
         with pytest.raises(UnsupportedModelError, match=f"Resize node 'big': .*{what}"):
             tvm_hybrid.compile(model)
+
+
+@pytest.mark.parametrize("index", [76, 97, 552])
+def test_fuzzer_finds_of_tvms_resize_stay_fixed(index):
+    """Graphs of the fuzzer's ``resize`` kind (``python -m tvm_hybrid.testing.fuzz --graphs 700
+    --seed 7``) on which TVM's converter divided by zero or gave wrong values (sizes of 1,
+    ``tf_crop_and_resize``, cubic ``exclude_outside``, 5-D inputs)."""
+    from tvm_hybrid.testing.fuzz import make_case
+
+    case = make_case(7, index)
+    assert case.kind == "resize"
+    got = np.asarray(tvm_hybrid.compile(case.model)(**case.inputs))
+    assert case.check(got) is None, case.name

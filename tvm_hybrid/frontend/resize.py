@@ -224,9 +224,15 @@ class Resize(OnnxOpConverter):
         # give whole sizes.
         exact = sizes is not None or all(out == scale * dims[a]
                                          for a, (scale, out, _) in enumerate(plan))
+        # TVM's kernels where they were checked right (a fuzzer against ONNX's reference found
+        # wrong values or a division by zero with spatial sizes of 1, cubic exclude_outside,
+        # tf_crop_and_resize and 3-d or 5-d inputs): 4-d inputs, NCHW's spatial axes only.
+        spatial = [dims[a] for a in (2, 3)] + [plan[a][1] for a in (2, 3)] if len(dims) == 4 \
+            else []
         if stock and not antialias and axes is None and policy == "stretch" and exact and \
-                coord != "half_pixel_symmetric" and len(dims) in (3, 4, 5) and \
-                not set(moved) & {0, 1}:
+                coord not in ("half_pixel_symmetric", "tf_crop_and_resize") and spatial and \
+                min(spatial) > 1 and not set(moved) & {0, 1} and \
+                not (mode == "cubic" and attr.get("exclude_outside", 0)):
             return _StockResize._impl_v18(bb, inputs, attr, params)
         dtype = str(x.ty.dtype)
         if dtype not in ("float32", "float16", "float64", "bfloat16"):

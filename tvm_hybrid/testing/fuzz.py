@@ -1,7 +1,7 @@
 """A seeded fuzzer: random small ONNX graphs compiled by tvm_hybrid and checked against a
 reference.
 
-Each graph is one of six kinds, all with random (often odd) shapes:
+Each graph is one of seven kinds, all with random (often odd) shapes:
 
 * ``fp32_dag``: chains of elementwise ops, matmuls with constant weights, softmax and
   reductions, checked against ONNX's reference evaluator (``rtol`` 1e-4, ``atol`` 1e-4 of the
@@ -17,6 +17,11 @@ Each graph is one of six kinds, all with random (often odd) shapes:
   4-D tensor, extents often a whole number of vectors, the result kept or squeezed, then maybe
   broadcast back against the input; checked like ``fp32_dag``. (A softmax over a middle axis
   and a mean down to one scalar each failed to compile before this kind was added.)
+* ``resize``: ``Resize`` of a 3-D to 5-D tensor in any mode, coordinate transformation,
+  nearest rounding, cubic coefficient and ``exclude_outside``, with scales or sizes, ``axes``,
+  ``keep_aspect_ratio_policy``, ``antialias`` and regions of interest; checked like
+  ``fp32_dag``. (TVM's converter gave wrong values or divided by zero on sizes of 1, cubic
+  ``exclude_outside`` and 3-D or 5-D inputs when this kind was added: ``frontend/resize.py``.)
 
 Run the long mode from the command line::
 
@@ -39,7 +44,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-KINDS = ("fp32_dag", "gemm_epilogue", "qdq_gemm", "integer_matmul", "gather", "axis_reduction")
+KINDS = ("fp32_dag", "gemm_epilogue", "qdq_gemm", "integer_matmul", "gather", "axis_reduction",
+         "resize")
 _SIZES = (1, 2, 3, 7, 8, 13, 16, 31, 32, 64, 97, 128, 197)
 #: Extents of the axis_reduction kind: whole vectors (8, 16, 48, 64) and odd ones.
 _AXIS_SIZES = (1, 3, 4, 7, 8, 16, 33, 48, 64)
@@ -283,9 +289,66 @@ def _axis_reduction(rng: np.random.Generator) -> Case:
                 _close(_reference(model, inputs)))
 
 
+def _resize(rng: np.random.Generator) -> Case:
+    rank = int(rng.integers(3, 6))
+    shape = [int(rng.integers(1, 3)), int(rng.integers(1, 4))] + [
+        int(rng.integers(1, 9)) for _ in range(rank - 2)]
+    mode = str(rng.choice(["nearest", "linear", "cubic"]))
+    coord = str(rng.choice(["half_pixel", "half_pixel_symmetric", "pytorch_half_pixel",
+                            "align_corners", "asymmetric", "tf_crop_and_resize"]))
+    attrs: dict = {"mode": mode, "coordinate_transformation_mode": coord}
+    if mode == "nearest":
+        attrs["nearest_mode"] = str(rng.choice(["round_prefer_floor", "round_prefer_ceil",
+                                                "floor", "ceil"]))
+    elif rng.random() < 0.3:
+        attrs["antialias"] = 1
+    if mode == "cubic":
+        attrs["cubic_coeff_a"] = float(rng.choice([-0.75, -0.5]))
+        attrs["exclude_outside"] = int(rng.integers(2))
+    axes = list(range(rank))
+    if rng.random() < 0.3:
+        axes = sorted(int(a) for a in rng.choice(range(2, rank),
+                                                 int(rng.integers(1, rank - 1)), replace=False))
+        attrs["axes"] = axes
+    spatial = [a >= 2 or "axes" in attrs for a in axes]
+    inits, names = [], ["x", "", "", ""]
+    if coord == "tf_crop_and_resize":
+        low = [float(rng.uniform(-0.2, 0.5)) if s else 0.0 for s in spatial]
+        high = [lo + float(rng.uniform(0.2, 0.9)) if s else 1.0 for lo, s in zip(low, spatial)]
+        inits.append(numpy_helper.from_array(np.array(low + high, np.float32), "roi"))
+        names[1] = "roi"
+        attrs["extrapolation_value"] = float(rng.choice([0.0, 2.5]))
+    dims = [shape[a] for a in axes]
+    if rng.random() < 0.5:  # scales that leave every axis at least one element
+        scales = [float(rng.choice([s for s in (0.5, 0.6, 0.75, 1.3, 1.5, 2.0, 2.5, 3.0)
+                                    if int(np.float32(s) * d) >= 1])) if sp else 1.0
+                  for d, sp in zip(dims, spatial)]
+        inits.append(numpy_helper.from_array(np.array(scales, np.float32), "scales"))
+        names[2] = "scales"
+    else:  # at least half of each axis, so that an aspect-ratio policy leaves one element
+        sizes = [int(rng.integers(-(-d // 2), 2 * d + 2)) if sp else d
+                 for d, sp in zip(dims, spatial)]
+        inits.append(numpy_helper.from_array(np.array(sizes, np.int64), "sizes"))
+        names[3] = "sizes"
+        if "axes" in attrs and rng.random() < 0.4:
+            attrs["keep_aspect_ratio_policy"] = str(rng.choice(["not_larger", "not_smaller"]))
+    while not names[-1]:
+        names.pop()
+    graph = helper.make_graph(
+        [helper.make_node("Resize", names, ["y"], **attrs)], "fuzz",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    model.ir_version = 9
+    inputs = {"x": rng.standard_normal(shape).astype(np.float32)}
+    what = " ".join(f"{k}={v}" for k, v in attrs.items())
+    return Case("resize", f"{'x'.join(map(str, shape))} {what} {names[2:]}", model, inputs,
+                _close(_reference(model, inputs)))
+
+
 _MAKERS = {"fp32_dag": _fp32_dag, "gemm_epilogue": _gemm_epilogue, "qdq_gemm": _qdq_gemm,
            "integer_matmul": _integer_matmul, "gather": _gather,
-           "axis_reduction": _axis_reduction}
+           "axis_reduction": _axis_reduction, "resize": _resize}
 
 
 def make_case(seed: int, index: int) -> Case:
