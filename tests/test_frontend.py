@@ -357,6 +357,8 @@ def test_max_unpool_with_an_output_shape(output_shape, rng):
 @pytest.mark.parametrize("opset,mode,scales", [(7, "nearest", [1, 1, 2, 3]),
                                                 (9, "nearest", [1, 1, 1.5, 2.5]),
                                                 (9, "linear", [1, 1, 2, 1.5]),
+                                                (9, "linear", [1, 1, 1.5, 1.7]),
+                                                (9, "nearest", [1, 1, 1.3, 1.9]),
                                                 (9, "nearest", [1, 2, 2, 1])])
 def test_upsample_matches_onnxruntime(opset, mode, scales, rng):
     """``Upsample`` (opsets 7-9): TVM's converter read only opset 7's attribute and rounded

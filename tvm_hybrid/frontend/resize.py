@@ -194,6 +194,12 @@ class Resize(OnnxOpConverter):
         return cls._convert(bb, list(inputs) + [None] * (4 - len(inputs)), attr, params)
 
     @classmethod
+    def convert_with(cls, bb, inputs, attr, params, stock: bool = True):
+        """The conversion of a node with these ``inputs`` (``X, roi, scales, sizes``) and
+        attributes; ``stock=False`` never uses TVM's converter (``Upsample`` comes here)."""
+        return cls._convert(bb, inputs, attr, params, stock)
+
+    @classmethod
     def _convert(cls, bb, inputs, attr, params, stock: bool = True):
         node = f"Resize node {attr.get('tvm_custom', {}).get('name', '')!r}"
         x = inputs[0]

@@ -27,8 +27,9 @@
 * ``Upsample`` (opsets 7-9, deprecated since 10 but in older detectors): TVM's converter
   reads only opset 7's ``scales`` attribute (opset 9's input failed) and rounds nearest source
   pixels to the closest where the specification takes the floor. Here: whole-number nearest
-  scales repeat elements along their axes (any rank); other 4-d scales resize the two
-  spatial axes with asymmetric coordinates (``floor`` for nearest, as ONNX Runtime does).
+  scales repeat elements along their axes (any rank); other scales resize as opset 10's
+  ``Resize`` does (asymmetric coordinates with the given scale, ``floor`` for nearest:
+  ``resize.py``).
 """
 
 from __future__ import annotations
@@ -240,7 +241,8 @@ class Upsample(OnnxOpConverter):
 
     @classmethod
     def _impl_v7(cls, bb, inputs, attr, params):
-        return cls._upsample(bb, inputs[0], [float(v) for v in attr.get("scales", [])], attr)
+        return cls._upsample(bb, inputs[0], [float(v) for v in attr.get("scales", [])], attr,
+                             params)
 
     @classmethod
     def _impl_v9(cls, bb, inputs, attr, params):
@@ -250,10 +252,10 @@ class Upsample(OnnxOpConverter):
             raise UnsupportedModelError(f"Upsample node {name!r}: scales are computed at run "
                                         "time; they must be a constant")
         values = np.asarray(scales.value.numpy(), "float64").reshape(-1).tolist()
-        return cls._upsample(bb, inputs[0], values, attr)
+        return cls._upsample(bb, inputs[0], values, attr, params)
 
     @classmethod
-    def _upsample(cls, bb, x, scales, attr):
+    def _upsample(cls, bb, x, scales, attr, params):
         name = attr.get("tvm_custom", {}).get("name", "")
         mode = attr.get("mode", b"nearest")
         mode = mode.decode() if isinstance(mode, bytes) else str(mode)
@@ -267,15 +269,14 @@ class Upsample(OnnxOpConverter):
                 if scale != 1:
                     x = bb.emit(relax.op.repeat(x, int(scale), axis=axis))
             return x
-        if len(shape) != 4 or scales[0] != 1 or scales[1] != 1:
-            raise UnsupportedModelError(f"Upsample node {name!r}: {mode} scales {scales} on an "
-                                        f"input of shape {shape} are not supported (4-d, "
-                                        "spatial axes only, or whole-number nearest scales)")
-        size = [int(np.floor(d * s)) for d, s in zip(shape[2:], scales[2:])]
-        return relax.op.image.resize2d(
-            x, relax.ShapeExpr(size), layout="NCHW",
-            method="nearest_neighbor" if mode == "nearest" else "linear",
-            coordinate_transformation_mode="asymmetric", rounding_method="floor")
+        # Opset 10's Resize is this op renamed: asymmetric coordinates, the floor for nearest.
+        from .resize import Resize
+
+        resize_attr = {**attr, "mode": mode, "coordinate_transformation_mode": "asymmetric",
+                       "nearest_mode": "floor"}
+        scales_const = relax.const(np.array(scales, np.float32))
+        return Resize.convert_with(bb, [x, None, scales_const, None], resize_attr, params,
+                                   stock=False)
 
 
 CONVERTERS = {"Celu": Celu, "Upsample": Upsample, "OneHot": OneHot, "Swish": Swish,
