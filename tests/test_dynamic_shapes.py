@@ -12,7 +12,7 @@ from onnx import TensorProto, helper
 
 import tvm_hybrid
 from tvm_hybrid import SpecializingModel
-from tvm_hybrid.errors import InputError, OptionError
+from tvm_hybrid.errors import InputError, OptionError, UnsupportedModelError
 
 
 def _mlp(batch="batch", seq="seq") -> onnx.ModelProto:
@@ -134,6 +134,9 @@ def test_inputs_needed_at_compile_time_are_specialized_per_value(rng, caplog):
         compiled.specialize(x=(3, 4))
     with pytest.raises(OptionError, match=r"compiled per value of its inputs \['axes', 'k'\]"):
         compiled.export("model.so")
+    with pytest.raises(UnsupportedModelError, match=r"takes \['axes', 'k'\] as inputs, "
+                                                    "operands TVM needs at compile time"):
+        tvm_hybrid.compile(model, dynamic="symbolic")  # one binary (what the CLI exports)
     with pytest.raises(InputError, match="'axes'.*has 100 elements; at most 64"):
         compiled(np.zeros((3, 6), "float32"), np.zeros(100, "int64"), np.array([1]))
     # Values the model cannot take are the caller's error, named (TVM read past the input

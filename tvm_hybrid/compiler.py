@@ -30,6 +30,7 @@ from .errors import (
     TargetError,
     TemplateError,
     TuningRecordsError,
+    UnsupportedModelError,
     first_line,
 )
 from .frontend import import_model, load_onnx
@@ -141,8 +142,19 @@ def compile(  # noqa: A001 - the public name mirrors tvm.compile
 
     def build() -> CompiledModel:
         with COMPILER_LOCK:
-            return _compile(model, tgt, params, tuning_records, input_shapes, pipeline,
-                            precision)
+            try:
+                return _compile(model, tgt, params, tuning_records, input_shapes, pipeline,
+                                precision)
+            except UnsupportedModelError as err:
+                by_value = [] if isinstance(model, tvm.IRModule) else value_inputs(
+                    load_onnx(model))
+                if not by_value:
+                    raise
+                raise UnsupportedModelError(
+                    f"{err} (the model takes {by_value} as inputs, operands TVM needs at "
+                    "compile time: one binary cannot serve all their values; "
+                    "tvm_hybrid.compile with dynamic='specialize', the default, compiles per "
+                    "value, or make them initializers to export)") from None
 
     if key_bytes is None:
         return build()
