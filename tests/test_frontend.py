@@ -664,6 +664,23 @@ def test_linear_attention_prefill_beyond_the_unrolled_steps_is_refused():
         tvm_hybrid.compile(model)
 
 
+@pytest.mark.parametrize("axis", [0, -1])
+def test_rms_normalization_over_every_axis(axis, rng):
+    """``RMSNormalization`` with ``axis`` 0 (every axis) failed in TVM's constant folding."""
+    from onnx.reference import ReferenceEvaluator
+
+    scale_shape = [3, 5, 4] if axis == 0 else [4]
+    model = _model([helper.make_node("RMSNormalization", ["x", "s"], ["y"], axis=axis)],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 5, 4])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                   [onnx.numpy_helper.from_array(
+                       rng.standard_normal(scale_shape).astype("float32"), "s")], opset=23)
+    feeds = {"x": rng.standard_normal((3, 5, 4)).astype("float32")}
+    np.testing.assert_allclose(_outputs(tvm_hybrid.compile(model), feeds)[0],
+                               ReferenceEvaluator(model).run(None, feeds)[0], rtol=1e-5,
+                               atol=1e-5)
+
+
 def test_swiglu_matches_the_reference(rng):
     """``SwiGLU`` (opset 28; missing in TVM's importer): ``A * sigmoid(alpha * A) * B``."""
     from onnx.reference import ReferenceEvaluator

@@ -5,6 +5,9 @@
 * ``SwiGLU`` (opset 28) is missing: ``A * sigmoid(alpha * A) * B``.
 * ``CenterCropPad`` (opset 18) is missing: a centred slice where the input is larger than the
   target (the window's start rounded down), zeros around it where smaller (the odd one after).
+* ``RMSNormalization`` over every axis (``axis`` 0) failed in TVM's constant folding (its
+  ``rms_norm`` kernel indexes the scalar statistic with the input's indices): the input gets
+  a leading axis of 1 for the kernel, removed after.
 * ``CumProd`` (opset 26) is missing: ``relax.op.cumprod`` along the constant axis, with
   ``exclusive`` and ``reverse`` as ``CumSum`` has them.
 * ``Pow`` with operands of different types (``float ** int64``, as exporters write integer
@@ -39,6 +42,7 @@ import tvm
 from tvm import relax
 from tvm.relax.frontend.onnx.onnx_frontend import MaxUnpool as _StockMaxUnpool
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter, get_constant
+from tvm.relax.frontend.onnx.onnx_frontend import RMSNormalization as _StockRMSNorm
 
 from ..errors import UnsupportedModelError
 from .static_dims import static_dims
@@ -105,6 +109,23 @@ class CenterCropPad(OnnxOpConverter):
                 pads[2 * axis] = (size - dims[axis]) // 2
                 pads[2 * axis + 1] = size - dims[axis] - pads[2 * axis]
         return bb.emit(relax.op.nn.pad(x, pads)) if any(pads) else x
+
+
+class RMSNormalization(OnnxOpConverter):
+    """ONNX ``RMSNormalization``: TVM's conversion, over every axis through a leading 1."""
+
+    @classmethod
+    def _impl_v23(cls, bb, inputs, attr, params):
+        x = inputs[0]
+        rank = len(x.ty.shape)
+        axis = int(attr.get("axis", -1))
+        if (axis + rank if axis < 0 else axis) != 0:
+            return _StockRMSNorm._impl_v23(bb, inputs, attr, params)
+        shape = [d for d in x.ty.shape]
+        lifted = bb.emit(relax.op.expand_dims(x, 0))
+        out = bb.normalize(_StockRMSNorm._impl_v23(bb, [lifted, *inputs[1:]],
+                                                   {**attr, "axis": 1}, params))
+        return relax.op.reshape(out, shape)
 
 
 class CumProd(OnnxOpConverter):
@@ -281,4 +302,5 @@ class Upsample(OnnxOpConverter):
 
 CONVERTERS = {"Celu": Celu, "Upsample": Upsample, "OneHot": OneHot, "Swish": Swish,
               "SwiGLU": SwiGLU, "CumProd": CumProd, "CenterCropPad": CenterCropPad,
-              "MaxUnpool": MaxUnpool, "LpNormalization": LpNormalization, "Pow": Pow}
+              "MaxUnpool": MaxUnpool, "RMSNormalization": RMSNormalization,
+              "LpNormalization": LpNormalization, "Pow": Pow}
