@@ -681,6 +681,24 @@ def test_rms_normalization_over_every_axis(axis, rng):
                                atol=1e-5)
 
 
+@pytest.mark.parametrize("op", ["Elu", "Selu", "ThresholdedRelu"])
+@pytest.mark.parametrize("dtype", [TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.FLOAT])
+def test_activations_in_every_float_type(op, dtype, rng):
+    """TVM's converters of these wrote float32 constants: float16 and float64 models failed."""
+    from onnx.reference import ReferenceEvaluator
+
+    model = _model([helper.make_node(op, ["x"], ["y"])],
+                   [helper.make_tensor_value_info("x", dtype, [4, 9])],
+                   [helper.make_tensor_value_info("y", dtype, None)], opset=22)
+    feeds = {"x": (rng.standard_normal((4, 9)) * 2).astype(helper.tensor_dtype_to_np_dtype(
+        dtype))}
+    got, want = _outputs(tvm_hybrid.compile(model), feeds)[0], \
+        ReferenceEvaluator(model).run(None, feeds)[0]
+    assert got.dtype == want.dtype
+    np.testing.assert_allclose(got.astype("float64"), want.astype("float64"), rtol=2e-3,
+                               atol=2e-3)
+
+
 def test_swiglu_matches_the_reference(rng):
     """``SwiGLU`` (opset 28; missing in TVM's importer): ``A * sigmoid(alpha * A) * B``."""
     from onnx.reference import ReferenceEvaluator

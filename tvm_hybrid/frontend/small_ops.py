@@ -1,5 +1,8 @@
 """Small ops TVM 0.27's ONNX importer lacks or gets wrong on valid models.
 
+* ``Elu``, ``Selu`` and ``ThresholdedRelu``: TVM's converters write float32 constants, so
+  float16 and float64 models failed on the type check; here the constants take the input's
+  type.
 * ``Celu`` (opset 12) is missing: ``max(0, x) + min(0, alpha * (exp(x / alpha) - 1))``.
 * ``Swish`` (opset 24) is missing: ``x * sigmoid(alpha * x)``.
 * ``SwiGLU`` (opset 28) is missing: ``A * sigmoid(alpha * A) * B``.
@@ -61,6 +64,42 @@ class Celu(OnnxOpConverter):
         expm1 = relax.op.subtract(relax.op.exp(scaled), relax.const(1.0, dtype))
         negative = relax.op.multiply(relax.const(alpha, dtype), expm1)
         return relax.op.add(relax.op.maximum(x, zero), relax.op.minimum(negative, zero))
+
+
+class Elu(OnnxOpConverter):
+    """ONNX ``Elu``: ``x`` where positive, else ``alpha * (exp(x) - 1)``."""
+
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        return _elu(inputs[0], float(attr.get("alpha", 1.0)), 1.0)
+
+
+class Selu(OnnxOpConverter):
+    """ONNX ``Selu``: ``gamma`` times ``Elu`` with ``alpha``."""
+
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        return _elu(inputs[0], float(attr.get("alpha", 1.67326319217681884765625)),
+                    float(attr.get("gamma", 1.05070102214813232421875)))
+
+
+def _elu(x, alpha: float, gamma: float):
+    dtype = str(x.ty.dtype)
+    negative = relax.op.multiply(relax.const(alpha, dtype), relax.op.subtract(
+        relax.op.exp(x), relax.const(1.0, dtype)))
+    out = relax.op.where(relax.op.greater(x, relax.const(0.0, dtype)), x, negative)
+    return out if gamma == 1.0 else relax.op.multiply(relax.const(gamma, dtype), out)
+
+
+class ThresholdedRelu(OnnxOpConverter):
+    """ONNX ``ThresholdedRelu``: ``x`` where above ``alpha``, else 0."""
+
+    @classmethod
+    def _impl_v10(cls, bb, inputs, attr, params):
+        x = inputs[0]
+        dtype = str(x.ty.dtype)
+        above = relax.op.greater(x, relax.const(float(attr.get("alpha", 1.0)), dtype))
+        return relax.op.where(above, x, relax.const(0.0, dtype))
 
 
 class Swish(OnnxOpConverter):
@@ -300,7 +339,8 @@ class Upsample(OnnxOpConverter):
                                    stock=False)
 
 
-CONVERTERS = {"Celu": Celu, "Upsample": Upsample, "OneHot": OneHot, "Swish": Swish,
-              "SwiGLU": SwiGLU, "CumProd": CumProd, "CenterCropPad": CenterCropPad,
-              "MaxUnpool": MaxUnpool, "RMSNormalization": RMSNormalization,
-              "LpNormalization": LpNormalization, "Pow": Pow}
+CONVERTERS = {"Elu": Elu, "Selu": Selu, "ThresholdedRelu": ThresholdedRelu, "Celu": Celu,
+              "Upsample": Upsample, "OneHot": OneHot, "Swish": Swish, "SwiGLU": SwiGLU,
+              "CumProd": CumProd, "CenterCropPad": CenterCropPad, "MaxUnpool": MaxUnpool,
+              "RMSNormalization": RMSNormalization, "LpNormalization": LpNormalization,
+              "Pow": Pow}
