@@ -80,7 +80,7 @@ def _keys_padded(bb, mask: relax.Expr, skv: int, node: str) -> relax.Expr:
     boolean = str(mask.ty.dtype) == "bool"
     fill = np.full((*dims[:-1], skv - dims[-1]), False if boolean else -np.inf,
                    str(mask.ty.dtype))
-    return bb.emit(relax.op.concat([mask, relax.const(fill)], axis=-1))
+    return bb.emit(relax.op.concat([mask, relax.const(fill, str(fill.dtype))], axis=-1))
 
 
 def _position_mask(bb, attr, sq: int, skv: int, past_key, nonpad, node: str):

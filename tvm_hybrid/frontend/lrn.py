@@ -9,7 +9,8 @@ a 19 ms Inception v1 on 2 cores. Here a 4-D float32 ``LRN`` is
 the permutes cancel (``passes/conv_layout.CancelPermutes``), and :func:`lrn_nhwc` computes
 each pixel's channel window in one pass, vectorised along the channels, with ``d ** -beta``
 as square roots for the exporters' ``beta`` of 0.75 (0.5 and 1 likewise; others ``pow``).
-Other inputs keep TVM's conversion.
+Other float types (float16, bfloat16, float64: TVM's conversion fails on them) run it in float32
+and are cast back; other inputs keep TVM's conversion.
 """
 
 from __future__ import annotations
@@ -86,24 +87,32 @@ def _edge(edges: list[int], e):
     return out
 
 
+#: Input types the kernel computes (float16, bfloat16 and float64 in float32, cast back).
+_FLOATS = ("float32", "float16", "bfloat16", "float64")
+
+
 class LRN(OnnxOpConverter):
-    """ONNX ``LRN`` on a static 4-D float32 input as :func:`lrn_nhwc` between permutes."""
+    """ONNX ``LRN`` on a static 4-D float input as :func:`lrn_nhwc` between permutes."""
 
     @classmethod
     def _impl_v1(cls, bb, inputs, attr, params):
         x = inputs[0]
         shape = static_shape(x)
         size = int(attr["size"])
-        if shape is None or len(shape) != 4 or str(x.ty.dtype) != "float32" \
+        dtype = str(x.ty.dtype)
+        if shape is None or len(shape) != 4 or dtype not in _FLOATS \
                 or shape[1] < size or size < 2:
             return _StockLRN._impl_v13(bb, inputs, attr, params)
+        if dtype != "float32":  # TVM's LRN fails on other types (float32 constants)
+            x = bb.emit(relax.op.astype(x, "float32"))
         n, c, h, w = shape
         func = lrn_nhwc((n, h, w, c), size, float(attr.get("alpha", 1e-4)),
                         float(attr.get("beta", 0.75)), float(attr.get("bias", 1.0)))
         nhwc = bb.emit(relax.op.permute_dims(x, [0, 2, 3, 1]))
         y = bb.emit(relax.call_tir(bb.add_func(func, LRN_KERNEL), [nhwc],
                                    relax.TensorType((n, h, w, c), "float32")))
-        return relax.op.permute_dims(y, [0, 3, 1, 2])
+        y = relax.op.permute_dims(y, [0, 3, 1, 2])
+        return y if dtype == "float32" else relax.op.astype(bb.emit(y), dtype)
 
 
 CONVERTERS = {"LRN": LRN}

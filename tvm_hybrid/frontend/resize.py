@@ -267,7 +267,7 @@ class Resize(OnnxOpConverter):
                 kept = kept & ~outside.reshape(shape)
         fill = float(attr.get("extrapolation_value", 0.0))
         if not kept.all() and fill != 0.0:
-            y = bb.emit(relax.op.add(y, relax.const((~kept * fill).astype(compute))))
+            y = bb.emit(relax.op.add(y, relax.const((~kept * fill).astype(compute), compute)))
         return bb.emit(relax.op.astype(y, dtype)) if dtype != compute else y
 
 
@@ -277,12 +277,12 @@ def _apply(bb, y: relax.Expr, matrix: np.ndarray, axis: int, rank: int, dtype: s
     ones = (matrix == 1.0).sum(axis=1) == 1
     if ones.all() and ((matrix == 0.0) | (matrix == 1.0)).all():
         source = matrix.argmax(axis=1).astype("int64")
-        return bb.emit(relax.op.take(y, relax.const(source), axis=axis))
+        return bb.emit(relax.op.take(y, relax.const(source, "int64"), axis=axis))
     last = rank - 1
     perm = list(range(rank))
     perm[axis], perm[last] = last, axis
     moved = bb.emit(relax.op.permute_dims(y, perm)) if axis != last else y
-    product = bb.emit(relax.op.matmul(moved, relax.const(matrix.T.astype(dtype))))
+    product = bb.emit(relax.op.matmul(moved, relax.const(matrix.T.astype(dtype), dtype)))
     return bb.emit(relax.op.permute_dims(product, perm)) if axis != last else product
 
 

@@ -267,7 +267,8 @@ class OneHot(OnnxOpConverter):
         pair = pair.astype("float32") if out_dtype == "bfloat16" else pair
         chosen = bb.emit(relax.op.where(
             relax.op.equal(hot, relax.const(1, str(hot.ty.dtype))),
-            relax.const(pair[1]), relax.const(pair[0])))
+            relax.const(pair[1], str(pair.dtype)),
+            relax.const(pair[0], str(pair.dtype))))
         return bb.emit(relax.op.astype(chosen, out_dtype)) if out_dtype == "bfloat16" else chosen
 
 
@@ -334,7 +335,7 @@ class Upsample(OnnxOpConverter):
 
         resize_attr = {**attr, "mode": mode, "coordinate_transformation_mode": "asymmetric",
                        "nearest_mode": "floor"}
-        scales_const = relax.const(np.array(scales, np.float32))
+        scales_const = relax.const(np.array(scales, np.float32), "float32")
         return Resize.convert_with(bb, [x, None, scales_const, None], resize_attr, params,
                                    stock=False)
 

@@ -112,7 +112,7 @@ def _transform(bb, x: relax.Expr, axis: int, length: int, inverse: bool, oneside
     moved = bb.emit(relax.op.permute_dims(x, perm)) if perm != list(range(rank)) else x
     outer = [dims[i] for i in perm[:-2]]
     flat = bb.emit(relax.op.reshape(moved, (*outer, n * c)))
-    product = bb.emit(relax.op.matmul(flat, relax.const(matrix.astype(compute))))
+    product = bb.emit(relax.op.matmul(flat, relax.const(matrix.astype(compute), compute)))
     out_c = 1 if inverse and onesided else 2
     out = bb.emit(relax.op.reshape(product, (*outer, matrix.shape[1] // out_c, out_c)))
     back = [perm.index(i) for i in range(rank)]
@@ -180,7 +180,7 @@ class STFT(OnnxOpConverter):
             raise UnsupportedModelError(f"{node}: {count} frames of {size} samples; at most "
                                         f"{MAX_MATRIX_ELEMENTS} gathered samples are supported")
         starts = np.arange(count)[:, None] * step + np.arange(size)[None, :]
-        frames = bb.emit(relax.op.take(signal, relax.const(starts.astype("int64")), axis=1))
+        frames = bb.emit(relax.op.take(signal, relax.const(starts, "int64"), axis=1))
         if window is not None and weights is None:  # a window given at run time
             shaped = relax.op.reshape(relax.op.astype(window, str(signal.ty.dtype)),
                                       (1, 1, size, 1))

@@ -128,8 +128,10 @@ class LayoutFriendly(relax.PyExprMutator):
             value = constant_value(self, arg)
             if value is None or value.ndim in (0, rank):
                 continue
+            # In its own type (relax.const makes float64 float32 and int64 int32).
             args[i] = relax.const(value.reshape(()) if value.size == 1 else
-                                  value.reshape((1,) * (rank - value.ndim) + value.shape))
+                                  value.reshape((1,) * (rank - value.ndim) + value.shape),
+                                  str(value.dtype))
         if all(a.same_as(b) for a, b in zip(args, call.args)):
             return call
         return relax.Call(call.op, args, call.attrs)
