@@ -23,13 +23,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import tvm
 from tvm import relax
-from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter, get_constant
+from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 from tvm.relax.frontend.onnx.onnx_frontend import Resize as _StockResize
 
 from ..errors import UnsupportedModelError
-from .static_dims import static_dims
+from .static_dims import constant_operand, static_dims
 
 _MODES = ("nearest", "linear", "cubic")
 _COORDINATES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
@@ -169,14 +168,8 @@ def _plan(dims: list[int], scales, sizes, axes, roi, policy: str) -> tuple:
 
 
 def _constant(value, params, what: str, node: str):
-    if value is None:
-        return None
-    const = get_constant(value, params)
-    if not isinstance(const, tvm.ir.GenericConst):
-        raise UnsupportedModelError(f"{node}: {what} is computed at run time; it must be a "
-                                    "constant")
-    data = np.asarray(const.value.numpy())
-    return data if data.size else None
+    data = constant_operand(value, params, what, node)
+    return data if data is not None and data.size else None
 
 
 class Resize(OnnxOpConverter):

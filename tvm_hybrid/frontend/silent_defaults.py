@@ -36,10 +36,10 @@ from tvm.relax.frontend.onnx.onnx_frontend import ConvTranspose as _StockConvTra
 from tvm.relax.frontend.onnx.onnx_frontend import Expand as _StockExpand
 from tvm.relax.frontend.onnx.onnx_frontend import LayerNormalization as _StockLayerNorm
 from tvm.relax.frontend.onnx.onnx_frontend import NonMaxSuppression as _StockNMS
-from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter, get_constant
+from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
 from ..errors import UnsupportedModelError
-from .static_dims import static_dims
+from .static_dims import constant_int, static_dims
 
 _NMS_SCALARS = ("max_output_boxes_per_class", "iou_threshold", "score_threshold")
 
@@ -174,14 +174,7 @@ class TopK(OnnxOpConverter):
     @classmethod
     def _impl_v10(cls, bb, inputs, attr, params):
         node = f"TopK node {attr.get('tvm_custom', {}).get('name', '')!r}"
-        k = get_constant(inputs[1], params)
-        if not isinstance(k, tvm.ir.GenericConst):
-            raise UnsupportedModelError(f"{node}: k is computed at run time; it must be a "
-                                        "constant")
-        values = np.asarray(k.value.numpy()).reshape(-1)
-        if values.size != 1:
-            raise UnsupportedModelError(f"{node}: k must have one element, got {values.size}")
-        return cls._topk(bb, inputs[0], int(values[0]), attr)
+        return cls._topk(bb, inputs[0], constant_int(inputs[1], params, "k", node), attr)
 
     @classmethod
     def _topk(cls, bb, data, k: int, attr):

@@ -41,14 +41,13 @@
 from __future__ import annotations
 
 import numpy as np
-import tvm
 from tvm import relax
 from tvm.relax.frontend.onnx.onnx_frontend import MaxUnpool as _StockMaxUnpool
-from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter, get_constant
+from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 from tvm.relax.frontend.onnx.onnx_frontend import RMSNormalization as _StockRMSNorm
 
 from ..errors import UnsupportedModelError
-from .static_dims import static_dims
+from .static_dims import constant_int, constant_operand, static_dims
 
 
 class Celu(OnnxOpConverter):
@@ -129,11 +128,7 @@ class CenterCropPad(OnnxOpConverter):
     @classmethod
     def _impl_v18(cls, bb, inputs, attr, params):
         node = f"CenterCropPad node {attr.get('tvm_custom', {}).get('name', '')!r}"
-        target = get_constant(inputs[1], params)
-        if not isinstance(target, tvm.ir.GenericConst):
-            raise UnsupportedModelError(f"{node}: shape is computed at run time; it must be a "
-                                        "constant")
-        sizes = [int(v) for v in np.asarray(target.value.numpy()).reshape(-1)]
+        sizes = [int(v) for v in constant_operand(inputs[1], params, "shape", node).reshape(-1)]
         x = inputs[0]
         dims = static_dims(x, "input", node)
         axes = [a + len(dims) if a < 0 else a for a in attr.get("axes", range(len(dims)))]
@@ -173,12 +168,8 @@ class CumProd(OnnxOpConverter):
 
     @classmethod
     def _impl_v26(cls, bb, inputs, attr, params):
-        name = attr.get("tvm_custom", {}).get("name", "")
-        axis = get_constant(inputs[1], params)
-        if not isinstance(axis, tvm.ir.GenericConst) or axis.value.numpy().size != 1:
-            raise UnsupportedModelError(f"CumProd node {name!r}: axis must be a one-element "
-                                        "constant")
-        axis = int(np.asarray(axis.value.numpy()).reshape(-1)[0])
+        node = f"CumProd node {attr.get('tvm_custom', {}).get('name', '')!r}"
+        axis = constant_int(inputs[1], params, "axis", node)
         data = inputs[0]
         reverse = bool(attr.get("reverse", 0))
         if reverse:
@@ -238,18 +229,12 @@ class OneHot(OnnxOpConverter):
 
     @classmethod
     def _impl_v11(cls, bb, inputs, attr, params):
-        name = attr.get("tvm_custom", {}).get("name", "")
-        depth, values = get_constant(inputs[1], params), get_constant(inputs[2], params)
-        for what, const in (("depth", depth), ("values", values)):
-            if not isinstance(const, tvm.ir.GenericConst):
-                raise UnsupportedModelError(f"OneHot node {name!r}: {what} is computed at run "
-                                            "time; it must be a constant")
-        depth_value = np.asarray(depth.value.numpy()).reshape(-1)
-        pair = values.value.numpy().reshape(-1)
+        node = f"OneHot node {attr.get('tvm_custom', {}).get('name', '')!r}"
+        depth_value = constant_operand(inputs[1], params, "depth", node).reshape(-1)
+        pair = constant_operand(inputs[2], params, "values", node).reshape(-1)
         if depth_value.size != 1 or pair.size != 2:
-            raise UnsupportedModelError(f"OneHot node {name!r}: depth must have one element "
-                                        f"and values two, got {depth_value.size} and "
-                                        f"{pair.size}")
+            raise UnsupportedModelError(f"{node}: depth must have one element and values two, "
+                                        f"got {depth_value.size} and {pair.size}")
         count = int(depth_value[0])
         indices = inputs[0]
         if "int" not in str(indices.ty.dtype):  # the specification: cast to int64
@@ -263,7 +248,7 @@ class OneHot(OnnxOpConverter):
         hot = bb.emit(relax.op.one_hot(indices, relax.prim_value(1), relax.prim_value(0),
                                        count, axis))
         # bfloat16 values are selected in float32 (exact) and cast back.
-        out_dtype = str(values.ty.dtype)
+        out_dtype = str(inputs[2].ty.dtype)
         pair = pair.astype("float32") if out_dtype == "bfloat16" else pair
         chosen = bb.emit(relax.op.where(
             relax.op.equal(hot, relax.const(1, str(hot.ty.dtype))),
@@ -283,11 +268,8 @@ class MaxUnpool(OnnxOpConverter):
         if inputs[2] is None:
             return unpooled
         name = attr.get("tvm_custom", {}).get("name", "")
-        shape = get_constant(inputs[2], params)
-        if not isinstance(shape, tvm.ir.GenericConst):
-            raise UnsupportedModelError(f"MaxUnpool node {name!r}: output_shape is computed at "
-                                        "run time; it must be a constant")
-        wanted = [int(d) for d in np.asarray(shape.value.numpy()).reshape(-1)]
+        wanted = [int(d) for d in constant_operand(inputs[2], params, "output_shape",
+                                                   f"MaxUnpool node {name!r}").reshape(-1)]
         implied = [int(d) for d in unpooled.ty.shape]
         if len(wanted) != len(implied) or any(w < i for w, i in zip(wanted, implied)):
             raise UnsupportedModelError(f"MaxUnpool node {name!r}: output_shape {wanted} is "
@@ -307,12 +289,9 @@ class Upsample(OnnxOpConverter):
 
     @classmethod
     def _impl_v9(cls, bb, inputs, attr, params):
-        name = attr.get("tvm_custom", {}).get("name", "")
-        scales = get_constant(inputs[1], params)
-        if not isinstance(scales, tvm.ir.GenericConst):
-            raise UnsupportedModelError(f"Upsample node {name!r}: scales are computed at run "
-                                        "time; they must be a constant")
-        values = np.asarray(scales.value.numpy(), "float64").reshape(-1).tolist()
+        node = f"Upsample node {attr.get('tvm_custom', {}).get('name', '')!r}"
+        values = constant_operand(inputs[1], params, "scales", node).astype(
+            "float64").reshape(-1).tolist()
         return cls._upsample(bb, inputs[0], values, attr, params)
 
     @classmethod

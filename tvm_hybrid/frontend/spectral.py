@@ -35,7 +35,7 @@ from tvm import relax
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter, get_constant
 
 from ..errors import UnsupportedModelError
-from .static_dims import static_dims
+from .static_dims import constant_int, static_dims
 
 #: The largest transform matrix built (elements; 64 MiB of float32).
 MAX_MATRIX_ELEMENTS = 1 << 24
@@ -43,17 +43,6 @@ MAX_MATRIX_ELEMENTS = 1 << 24
 
 def _node(op: str, attr: dict) -> str:
     return f"{op} node {attr.get('tvm_custom', {}).get('name', '')!r}"
-
-
-def _constant_int(value, params, what: str, node: str) -> int | None:
-    """The integer value of an optional constant operand (None when omitted)."""
-    if value is None:
-        return None
-    const = get_constant(value, params)
-    if not isinstance(const, tvm.ir.GenericConst):
-        raise UnsupportedModelError(f"{node}: {what} is computed at run time; it must be a "
-                                    "constant")
-    return int(np.asarray(const.value.numpy()).reshape(-1)[0])
 
 
 def dft_matrix(n: int, c: int, length: int, inverse: bool, onesided: bool,
@@ -132,7 +121,7 @@ class DFT(OnnxOpConverter):
     @classmethod
     def _impl_v20(cls, bb, inputs, attr, params):
         node = _node("DFT", attr)
-        axis = _constant_int(inputs[2] if len(inputs) > 2 else None, params, "axis", node)
+        axis = constant_int(inputs[2] if len(inputs) > 2 else None, params, "axis", node)
         return cls._convert(bb, inputs, attr, params, -2 if axis is None else axis)
 
     @classmethod
@@ -142,7 +131,7 @@ class DFT(OnnxOpConverter):
         rank = len(static_dims(x, "input", node))
         axis = axis + rank if axis < 0 else axis
         inverse, onesided = bool(attr.get("inverse", 0)), bool(attr.get("onesided", 0))
-        length = _constant_int(inputs[1] if len(inputs) > 1 else None, params, "dft_length",
+        length = constant_int(inputs[1] if len(inputs) > 1 else None, params, "dft_length",
                                node)
         if length is None:
             n = static_dims(x, "input", node)[axis] if 0 <= axis < rank else 0
@@ -161,8 +150,8 @@ class STFT(OnnxOpConverter):
         inputs = list(inputs) + [None] * (4 - len(inputs))
         signal, step_in, window, length_in = inputs[:4]
         batch, samples, c = static_dims(signal, "signal", node)
-        step = _constant_int(step_in, params, "frame_step", node)
-        frame = _constant_int(length_in, params, "frame_length", node)
+        step = constant_int(step_in, params, "frame_step", node)
+        frame = constant_int(length_in, params, "frame_length", node)
         weights = None
         if window is not None:
             size = static_dims(window, "window", node)[0]
