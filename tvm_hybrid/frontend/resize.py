@@ -15,7 +15,13 @@ reference implementation, which is separable the same way): a ``take`` of one so
 per output where the matrix is a selection (nearest), a product with it otherwise; the
 ``tf_crop_and_resize`` outputs whose source lies outside the input get ``extrapolation_value``.
 Opset 10's ``Resize`` (``X, scales``, asymmetric coordinates, which TVM read as a region of
-interest and failed on) takes the same path.
+interest and failed on) takes the same path, and so does
+
+* ``Upsample`` (opsets 7-9, deprecated since 10 but in older detectors): TVM's converter
+  reads only opset 7's ``scales`` attribute (opset 9's input failed) and rounds nearest source
+  pixels to the closest where the specification takes the floor. Here: whole-number nearest
+  scales repeat elements along their axes (any rank); other scales resize as opset 10's
+  ``Resize`` does (asymmetric coordinates with the given scale, ``floor`` for nearest).
 """
 
 from __future__ import annotations
@@ -141,7 +147,7 @@ def interpolation_matrix(size: int, out: int, scale: float, mode: str = "nearest
     return matrix, None
 
 
-def _plan(dims: list[int], scales, sizes, axes, roi, policy: str) -> tuple:
+def _plan(dims: list[int], scales, sizes, axes, roi, policy: str) -> list[tuple]:
     """Per axis: (scale, output size, roi pair), as the reference's ``_interpolate_nd``."""
     rank = len(dims)
     axes = list(range(rank)) if axes is None else [a + rank if a < 0 else a for a in axes]
@@ -164,7 +170,7 @@ def _plan(dims: list[int], scales, sizes, axes, roi, policy: str) -> tuple:
         for i, a in enumerate(axes):
             factors[a] = float(scales[i])
         out = [int(f * d) for f, d in zip(factors, dims)]
-    return [(factors[a], out[a], (full_roi[a], full_roi[rank + a])) for a in range(rank)], axes
+    return [(factors[a], out[a], (full_roi[a], full_roi[rank + a])) for a in range(rank)]
 
 
 def _constant(value, params, what: str, node: str):
@@ -180,20 +186,16 @@ class Resize(OnnxOpConverter):
     def _impl_v10(cls, bb, inputs, attr, params):
         attr = {**attr, "coordinate_transformation_mode": "asymmetric",
                 "nearest_mode": "floor"}
-        return cls._convert(bb, [inputs[0], None, inputs[1], None], attr, params, stock=False)
+        return cls.convert(bb, [inputs[0], None, inputs[1], None], attr, params, stock=False)
 
     @classmethod
     def _impl_v11(cls, bb, inputs, attr, params):
-        return cls._convert(bb, list(inputs) + [None] * (4 - len(inputs)), attr, params)
+        return cls.convert(bb, list(inputs) + [None] * (4 - len(inputs)), attr, params)
 
     @classmethod
-    def convert_with(cls, bb, inputs, attr, params, stock: bool = True):
+    def convert(cls, bb, inputs, attr, params, stock: bool = True):
         """The conversion of a node with these ``inputs`` (``X, roi, scales, sizes``) and
-        attributes; ``stock=False`` never uses TVM's converter (``Upsample`` comes here)."""
-        return cls._convert(bb, inputs, attr, params, stock)
-
-    @classmethod
-    def _convert(cls, bb, inputs, attr, params, stock: bool = True):
+        attributes; ``stock=False`` never uses TVM's converter (opset 10, ``Upsample``)."""
         node = f"Resize node {attr.get('tvm_custom', {}).get('name', '')!r}"
         x = inputs[0]
         dims = static_dims(x, "input", node)
@@ -213,7 +215,7 @@ class Resize(OnnxOpConverter):
         sizes = _constant(inputs[3], params, "sizes", node)
         if (scales is None) == (sizes is None):
             raise UnsupportedModelError(f"{node}: exactly one of scales and sizes must be given")
-        plan, resized = _plan(dims, None if scales is None else scales.reshape(-1).tolist(),
+        plan = _plan(dims, None if scales is None else scales.reshape(-1).tolist(),
                               None if sizes is None else sizes.reshape(-1).tolist(), axes,
                               None if roi is None else roi.reshape(-1).tolist(), policy)
         moved = [a for a, (scale, out, window) in enumerate(plan)
@@ -279,4 +281,43 @@ def _apply(bb, y: relax.Expr, matrix: np.ndarray, axis: int, rank: int, dtype: s
     return bb.emit(relax.op.permute_dims(product, perm)) if axis != last else product
 
 
-CONVERTERS = {"Resize": Resize}
+class Upsample(OnnxOpConverter):
+    """ONNX ``Upsample`` (opsets 7 and 9): ``out[i] = x[floor(i / scale)]`` for ``nearest``,
+    asymmetric linear interpolation for ``linear``."""
+
+    @classmethod
+    def _impl_v7(cls, bb, inputs, attr, params):
+        return cls._upsample(bb, inputs[0], [float(v) for v in attr.get("scales", [])], attr,
+                             params)
+
+    @classmethod
+    def _impl_v9(cls, bb, inputs, attr, params):
+        node = f"Upsample node {attr.get('tvm_custom', {}).get('name', '')!r}"
+        values = constant_operand(inputs[1], params, "scales", node).astype(
+            "float64").reshape(-1).tolist()
+        return cls._upsample(bb, inputs[0], values, attr, params)
+
+    @classmethod
+    def _upsample(cls, bb, x, scales, attr, params):
+        name = attr.get("tvm_custom", {}).get("name", "")
+        mode = attr.get("mode", b"nearest")
+        mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+        shape = [int(d) for d in x.ty.shape]
+        if len(scales) != len(shape) or mode not in ("nearest", "linear"):
+            raise UnsupportedModelError(f"Upsample node {name!r}: mode {mode!r} with scales "
+                                        f"{scales} on an input of shape {shape} is not "
+                                        "supported (nearest or linear, a scale per axis)")
+        if mode == "nearest" and all(s == int(s) and s >= 1 for s in scales):
+            for axis, scale in enumerate(scales):
+                if scale != 1:
+                    x = bb.emit(relax.op.repeat(x, int(scale), axis=axis))
+            return x
+        # Opset 10's Resize is this op renamed: asymmetric coordinates, the floor for nearest.
+        resize_attr = {**attr, "mode": mode, "coordinate_transformation_mode": "asymmetric",
+                       "nearest_mode": "floor"}
+        scales_const = relax.const(np.array(scales, np.float32), "float32")
+        return Resize.convert(bb, [x, None, scales_const, None], resize_attr, params,
+                              stock=False)
+
+
+CONVERTERS = {"Resize": Resize, "Upsample": Upsample}

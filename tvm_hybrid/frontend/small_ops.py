@@ -30,17 +30,10 @@
   ``tolist()`` on the Relax constant), which also scatters into that shape where ONNX's
   reference scatters into the shape the pooling implies and pads it with zeros after: done so
   here for a constant ``output_shape``; one computed at run time is refused naming the node.
-* ``Upsample`` (opsets 7-9, deprecated since 10 but in older detectors): TVM's converter
-  reads only opset 7's ``scales`` attribute (opset 9's input failed) and rounds nearest source
-  pixels to the closest where the specification takes the floor. Here: whole-number nearest
-  scales repeat elements along their axes (any rank); other scales resize as opset 10's
-  ``Resize`` does (asymmetric coordinates with the given scale, ``floor`` for nearest:
-  ``resize.py``).
 """
 
 from __future__ import annotations
 
-import numpy as np
 from tvm import relax
 from tvm.relax.frontend.onnx.onnx_frontend import MaxUnpool as _StockMaxUnpool
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
@@ -278,49 +271,8 @@ class MaxUnpool(OnnxOpConverter):
         return relax.op.nn.pad(unpooled, widths)
 
 
-class Upsample(OnnxOpConverter):
-    """ONNX ``Upsample`` (opsets 7 and 9): ``out[i] = x[floor(i / scale)]`` for ``nearest``,
-    asymmetric linear interpolation for ``linear``."""
-
-    @classmethod
-    def _impl_v7(cls, bb, inputs, attr, params):
-        return cls._upsample(bb, inputs[0], [float(v) for v in attr.get("scales", [])], attr,
-                             params)
-
-    @classmethod
-    def _impl_v9(cls, bb, inputs, attr, params):
-        node = f"Upsample node {attr.get('tvm_custom', {}).get('name', '')!r}"
-        values = constant_operand(inputs[1], params, "scales", node).astype(
-            "float64").reshape(-1).tolist()
-        return cls._upsample(bb, inputs[0], values, attr, params)
-
-    @classmethod
-    def _upsample(cls, bb, x, scales, attr, params):
-        name = attr.get("tvm_custom", {}).get("name", "")
-        mode = attr.get("mode", b"nearest")
-        mode = mode.decode() if isinstance(mode, bytes) else str(mode)
-        shape = [int(d) for d in x.ty.shape]
-        if len(scales) != len(shape) or mode not in ("nearest", "linear"):
-            raise UnsupportedModelError(f"Upsample node {name!r}: mode {mode!r} with scales "
-                                        f"{scales} on an input of shape {shape} is not "
-                                        "supported (nearest or linear, a scale per axis)")
-        if mode == "nearest" and all(s == int(s) and s >= 1 for s in scales):
-            for axis, scale in enumerate(scales):
-                if scale != 1:
-                    x = bb.emit(relax.op.repeat(x, int(scale), axis=axis))
-            return x
-        # Opset 10's Resize is this op renamed: asymmetric coordinates, the floor for nearest.
-        from .resize import Resize
-
-        resize_attr = {**attr, "mode": mode, "coordinate_transformation_mode": "asymmetric",
-                       "nearest_mode": "floor"}
-        scales_const = relax.const(np.array(scales, np.float32), "float32")
-        return Resize.convert_with(bb, [x, None, scales_const, None], resize_attr, params,
-                                   stock=False)
-
-
 CONVERTERS = {"Elu": Elu, "Selu": Selu, "ThresholdedRelu": ThresholdedRelu, "Celu": Celu,
-              "Upsample": Upsample, "OneHot": OneHot, "Swish": Swish, "SwiGLU": SwiGLU,
+              "OneHot": OneHot, "Swish": Swish, "SwiGLU": SwiGLU,
               "CumProd": CumProd, "CenterCropPad": CenterCropPad, "MaxUnpool": MaxUnpool,
               "RMSNormalization": RMSNormalization, "LpNormalization": LpNormalization,
               "Pow": Pow}

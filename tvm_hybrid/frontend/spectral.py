@@ -79,14 +79,18 @@ def dft_matrix(n: int, c: int, length: int, inverse: bool, onesided: bool,
     return w.reshape(n * c, -1)
 
 
+def _check_layout(dims: list[int], axis: int, node: str) -> None:
+    if dims[-1] not in (1, 2) or not 0 <= axis < len(dims) - 1:
+        raise UnsupportedModelError(f"{node}: input of shape {dims} and axis {axis}: the last "
+                                    "axis must be the 1 or 2 components, the transform another")
+
+
 def _transform(bb, x: relax.Expr, axis: int, length: int, inverse: bool, onesided: bool,
                node: str, window=None) -> relax.Expr:
     """``x`` (its last axis the components) transformed along ``axis`` (module docstring)."""
     dims = static_dims(x, "input", node)
+    _check_layout(dims, axis, node)
     rank, n, c = len(dims), dims[axis], dims[-1]
-    if c not in (1, 2) or not 0 <= axis < rank - 1:
-        raise UnsupportedModelError(f"{node}: input of shape {dims} and axis {axis}: the last "
-                                    "axis must be the 1 or 2 components, the transform another")
     outputs = length if inverse and onesided else 2 * (length // 2 + 1 if onesided else length)
     if n * c * outputs > MAX_MATRIX_ELEMENTS:  # checked before building it
         raise UnsupportedModelError(f"{node}: a transform of {n} samples to {length} needs a "
@@ -128,14 +132,14 @@ class DFT(OnnxOpConverter):
     def _convert(cls, bb, inputs, attr, params, axis: int):
         node = _node("DFT", attr)
         x = inputs[0]
-        rank = len(static_dims(x, "input", node))
-        axis = axis + rank if axis < 0 else axis
+        dims = static_dims(x, "input", node)
+        axis = axis + len(dims) if axis < 0 else axis
+        _check_layout(dims, axis, node)
         inverse, onesided = bool(attr.get("inverse", 0)), bool(attr.get("onesided", 0))
         length = constant_int(inputs[1] if len(inputs) > 1 else None, params, "dft_length",
                                node)
         if length is None:
-            n = static_dims(x, "input", node)[axis] if 0 <= axis < rank else 0
-            length = 2 * (n - 1) if inverse and onesided else n
+            length = 2 * (dims[axis] - 1) if inverse and onesided else dims[axis]
         if length < 1:
             raise UnsupportedModelError(f"{node}: DFT length {length} is not positive")
         return _transform(bb, x, axis, length, inverse, onesided, node)
