@@ -7,7 +7,9 @@ works everywhere; a test that *runs* code needing a CPU feature says so with the
     @pytest.mark.requires("avx512vnni")          # LLVM feature names, all of them needed
     def test_...():
 
-and is skipped, with the missing features and this CPU named, where the host lacks them.
+or names the target whose code it runs (``requires({"kind": "llvm", "mcpu": "znver4"})``: the
+features that code needs, AVX512-BF16 among them, which an Ice Lake lacks), and is skipped,
+with the missing features and this CPU named, where the host lacks them.
 ``TVM_HYBRID_HOST_CPU=znver3 pytest`` runs the suite as an AVX2-only host would (see
 ``tvm_hybrid/host.py``).
 """
@@ -28,6 +30,7 @@ from tvm_hybrid.host import (  # noqa: E402
     host_features,
     real_host_cpu,
     request_amx_permission,
+    required_features,
 )
 
 CONFORMANCE: dict[str, list[str]] = {"both": [], "stock_fails": [], "regressions": []}
@@ -37,18 +40,22 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers",
         "requires(*features): runs only where the host CPU has all these LLVM features "
-        "(e.g. 'avx512f', 'avx512vnni', 'avx512bf16', 'amx-int8'); skipped with the reason "
-        "elsewhere",
+        "(e.g. 'avx512f', 'avx512vnni', 'avx512bf16', 'amx-int8'), or that code compiled for "
+        "these targets (dicts) can run; skipped with the reason elsewhere",
     )
 
 
 def missing_features(features) -> str | None:
-    """Why this host cannot run code needing ``features`` (LLVM names), or None if it can."""
-    missing = [f for f in features if f not in host_features()]
+    """Why this host cannot run code needing ``features`` (LLVM names, or targets: the features
+    their code needs), or None if it can."""
+    names = []
+    for feature in features:
+        names += [feature] if isinstance(feature, str) else sorted(required_features(feature))
+    missing = [f for f in dict.fromkeys(names) if f not in host_features()]
     cpu = host_cpu() if host_cpu() == real_host_cpu() else f"{host_cpu()} emulated"
     if missing:
         return f"needs a CPU with {', '.join(missing)}; this host ({cpu}) lacks it"
-    if any(f.startswith("amx") for f in features) and not request_amx_permission():
+    if any(f.startswith("amx") for f in names) and not request_amx_permission():
         return f"needs Linux's AMX tile permission (XTILEDATA), refused on this host ({cpu})"
     return None
 

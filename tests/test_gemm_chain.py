@@ -169,7 +169,7 @@ def test_the_cost_model():
 
 @pytest.mark.parametrize("target", [
     pytest.param(HASWELL, id="avx2", marks=pytest.mark.requires("avx2", "fma")),
-    pytest.param(ZNVER4, id="avx512", marks=pytest.mark.requires("avx512f")),
+    pytest.param(ZNVER4, id="avx512", marks=pytest.mark.requires(ZNVER4)),
 ])
 @pytest.mark.parametrize("batch,dims,final", [
     (8, DIMS, "Sigmoid"),
@@ -286,7 +286,7 @@ def test_gemm_layers_as_exporters_write_them_chain(monkeypatch):
 
 
 @pytest.mark.parametrize("target,reduce_range", [
-    pytest.param(ZNVER4, False, id="vnni", marks=pytest.mark.requires("avx512vnni")),
+    pytest.param(ZNVER4, False, id="vnni", marks=pytest.mark.requires(ZNVER4)),
     pytest.param(HASWELL, False, id="avx2-s16", marks=pytest.mark.requires("avx2", "fma")),
     pytest.param(HASWELL, True, id="avx2-7bit", marks=pytest.mark.requires("avx2", "fma")),
 ])

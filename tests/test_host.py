@@ -134,3 +134,33 @@ def test_host_target_offers_only_what_the_process_can_run():
         pytest.skip("this TVM build has no LLVM host feature detection")
     unusable = [f for f in host._isa_features(make_target("host")) if running.get(f) is False]
     assert not unusable, f"the host target enables {unusable}, which this process cannot use"
+
+
+def test_a_cpu_named_from_an_older_model_gets_the_features_it_runs(monkeypatch):
+    """A Sapphire Rapids VM that reports model 167: LLVM names it rocketlake (no AMX, AVX512-BF16
+    or AVX512-FP16). The host CPU is then one LLVM knows with the running features, none more."""
+    from tvm_hybrid import host
+
+    def detected(named: str, running: dict) -> str:
+        monkeypatch.setattr(host, "_running_features", lambda: running)
+        monkeypatch.setattr(host, "named_host_cpu", lambda: named)
+        host.real_host_cpu.cache_clear()
+        try:
+            return host.real_host_cpu()
+        finally:
+            host.real_host_cpu.cache_clear()
+
+    spr = target_features(make_target({"kind": "llvm", "mcpu": "sapphirerapids"}))
+    running = {f: True for f in spr}
+    # As such a VM says: system instructions hidden, and no AMX-FP16 (Granite Rapids has it).
+    running.update({"enqcmd": False, "pconfig": False, "waitpkg": False, "amx-fp16": False})
+    cpu = detected("rocketlake", running)
+    features = target_features(make_target({"kind": "llvm", "mcpu": cpu}))
+    assert {"amx-tile", "amx-int8", "amx-bf16", "avx512bf16", "avx512fp16"} <= features, cpu
+    assert "amx-fp16" not in features, cpu
+    assert "amx_int8" in isa_tiers(features)
+
+    # A name that already has every running vector feature is kept.
+    assert detected("sapphirerapids", running) == "sapphirerapids"
+    rkl = {f: True for f in target_features(make_target({"kind": "llvm", "mcpu": "rocketlake"}))}
+    assert detected("rocketlake", rkl) == "rocketlake"

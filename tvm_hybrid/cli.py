@@ -375,6 +375,8 @@ def _cmd_info(args) -> int:
         return 0
     print(f"CPU            {info['cpu']} ({info['model']}; {info['physical_cores']} physical "
           f"cores, TVM threads {info['threads']})")
+    if "named" in info:
+        print(f"CPU name       {info['named']}")
     if "emulating" in info:
         print(f"emulating      {info['emulating']}")
     print(f"ISA tiers      {', '.join(info['isa']) or 'baseline x86-64'}")

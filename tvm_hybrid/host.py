@@ -7,6 +7,11 @@ may hide AMX or AVX-512 of an Emerald Rapids (cpuinfo then lacks ``amx_tile``). 
 turns such features off with ``mattr`` (``-amx-tile``, ...), read from LLVM's host feature
 detection (CPUID and XCR0), so nothing is compiled for an ISA the process cannot run.
 
+A VM may also report a model number older than its CPU: a Sapphire Rapids guest that says
+model 167 is named ``rocketlake``, which has no AMX, AVX512-BF16 or AVX512-FP16. When the running
+CPU offers vector or matrix features the named CPU lacks, the host CPU is the one LLVM knows whose
+features fit the running ones best (:func:`real_host_cpu`), so those features are used.
+
 An explicit target (a dict, a JSON string, or a ``Target``) is validated: tvm_hybrid generates
 x86 code, so the kind must be ``llvm`` with an x86 CPU LLVM knows.
 
@@ -36,6 +41,15 @@ from .thread_pool import num_threads, physical_cores
 _WATCHED_FEATURES = frozenset({"avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl",
                                "avx512dq", "avx512fp16"})
 
+# Instructions LLVM emits only from intrinsics (system, security and synchronisation ones): a
+# CPU name implying them fits a CPU that lacks them (a VM hides many): generated code never uses
+# them.
+_SYSTEM_FEATURES = frozenset({
+    "cldemote", "clflushopt", "clwb", "enqcmd", "hreset", "invpcid", "kl", "movdir64b",
+    "movdiri", "pconfig", "pku", "prefetchi", "ptwrite", "rdpid", "rdpru", "rtm", "serialize",
+    "sgx", "shstk", "tsxldtrk", "uintr", "usermsr", "waitpkg", "wbnoinvd", "widekl",
+})
+
 
 @dataclasses.dataclass(frozen=True)
 class CacheSizes:
@@ -51,9 +65,44 @@ HOST_CPU_VARIABLE = "TVM_HYBRID_HOST_CPU"
 
 
 @cache
-def real_host_cpu() -> str:
-    """LLVM's name for the CPU this process runs on (:data:`HOST_CPU_VARIABLE` aside)."""
+def named_host_cpu() -> str:
+    """LLVM's name for the running CPU, from its family and model (a VM may report an old one)."""
     return str(codegen.llvm_get_system_cpu())
+
+
+@cache
+def real_host_cpu() -> str:
+    """The CPU this process runs on, as LLVM names it (:data:`HOST_CPU_VARIABLE` aside).
+
+    LLVM's name (:func:`named_host_cpu`) unless the running CPU offers vector or matrix
+    features that CPU lacks; then the CPU LLVM knows that has the most of the running CPU's
+    features and none it lacks but system instructions a compiler emits only from intrinsics
+    (:data:`_SYSTEM_FEATURES`; ties: fewest of those, then LLVM's order).
+    """
+    named = named_host_cpu()
+    running = _running_features()
+    if not running:
+        return named
+    watched = _watched_features()
+    offered = {f for f, on in running.items() if on}
+
+    def fit(mcpu: str) -> tuple[int, int, int] | None:
+        features = target_features(Target({"kind": "llvm", "mcpu": mcpu}))
+        lacking = {f for f in features if running.get(f) is False}
+        if lacking - _SYSTEM_FEATURES:
+            return None  # code for it could use an instruction the running CPU lacks
+        return len(features & offered & watched), -len(lacking), len(features & offered)
+
+    named_fit = fit(named)
+    if named_fit is not None and not (offered & watched) - target_features(
+            Target({"kind": "llvm", "mcpu": named})):
+        return named
+    best, best_fit = named, named_fit or (-1, 0, -1)
+    for cpu in codegen.llvm_get_cpu_archlist(Target({"kind": "llvm", "mcpu": named})):
+        score = fit(str(cpu))
+        if score is not None and score > best_fit:
+            best, best_fit = str(cpu), score
+    return best
 
 
 @cache
@@ -295,12 +344,24 @@ def check_runnable_here(target: Target) -> None:
         )
 
 
-def _isa_features(target: Target) -> frozenset[str]:
-    """The vector/matrix ISA features of ``target`` that matter for running its code."""
+@cache
+def _watched_features() -> frozenset[str]:
+    """Vector and matrix features that matter for running code: the microkernel families' and
+    :data:`_WATCHED_FEATURES`."""
     from .microkernels import isa_tiers as tiers
 
-    watched = {f for _, needed in tiers() for f in needed} | _WATCHED_FEATURES
-    return frozenset(f for f in target_features(target) if f in watched)
+    return frozenset({f for _, needed in tiers() for f in needed} | _WATCHED_FEATURES)
+
+
+def required_features(target: str | dict | Target) -> frozenset[str]:
+    """The vector and matrix ISA features code compiled for ``target`` needs to run (LLVM names,
+    e.g. ``avx512bf16`` for ``znver4``): compare with :func:`host_features`."""
+    return _isa_features(make_target(target))
+
+
+def _isa_features(target: Target) -> frozenset[str]:
+    """The vector/matrix ISA features of ``target`` that matter for running its code."""
+    return frozenset(f for f in target_features(target) if f in _watched_features())
 
 
 @cache
@@ -323,8 +384,9 @@ def describe_host() -> dict:
     dict
         ``cpu`` (LLVM's name), ``model`` (the CPU's own name), ``physical_cores``, ``threads``
         (TVM's pool size), ``isa`` (the ISA tiers found, :func:`isa_tiers`), ``cache``
-        (bytes), ``llvm`` and ``tvm`` versions; and
-        ``emulating`` when :data:`HOST_CPU_VARIABLE` makes the machine act as another CPU.
+        (bytes), ``llvm`` and ``tvm`` versions; ``named`` when LLVM's name for the CPU lacks
+        features it has (:func:`real_host_cpu`); and ``emulating`` when
+        :data:`HOST_CPU_VARIABLE` makes the machine act as another CPU.
     """
     info = {
         "cpu": host_cpu(),
@@ -336,6 +398,9 @@ def describe_host() -> dict:
         "llvm": _llvm_major(),
         "tvm": tvm.__version__,
     }
+    if real_host_cpu() != named_host_cpu():
+        info["named"] = (f"LLVM names this CPU {named_host_cpu()} from its model number; its "
+                         f"features are {real_host_cpu()}'s")
     if host_cpu() != real_host_cpu():
         info["emulating"] = f"{host_cpu()} on a {real_host_cpu()} ({HOST_CPU_VARIABLE})"
     return info
