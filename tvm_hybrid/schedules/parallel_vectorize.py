@@ -198,11 +198,16 @@ def _tile_gemm_like(sch, block, info: SBlockInfo, target: Target):
     out = stmt.writes[0].source
     spatial = [iv.var for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
     j_var = spatial[-1]
-    # The output's innermost index is the last spatial var, and one operand walks it contiguously.
+    reduced = [iv.var for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
+    # The output's innermost index is the last spatial var, and one operand walks it
+    # contiguously along the reduction (``B[k, j]``). An operand constant over the reduction
+    # (a row mean in a variance, ``sum_k (x[i, j, k] - mean[i, j])^2``) does not make a GEMM:
+    # tiled, the reduction's real operand would be gathered across rows, a lane at a time.
     if not _last_index_is(stmt.body, out, j_var):
         return None
     if not any(
-        not r.source.same_as(out) and _region_last_is(r, j_var) for r in stmt.reads
+        not r.source.same_as(out) and _region_last_is(r, j_var) and _uses_any(r, reduced)
+        for r in stmt.reads
     ):
         return None
     loops = sch.get_loops(block)
@@ -287,6 +292,19 @@ def _last_index_is(store, buffer, var) -> bool:
 def _region_last_is(region, var) -> bool:
     last = region.region[-1]
     return last.min.same_as(var) and _is_one(last.extent)
+
+
+def _uses_any(region, variables) -> bool:
+    """Whether any index of ``region`` depends on one of ``variables``."""
+    found = False
+
+    def on_var(node) -> None:
+        nonlocal found
+        found |= any(node.same_as(v) for v in variables)
+
+    for rng in region.region:
+        tvm_ffi.structural_walk(rng.min, [(tirx.Var, on_var)])
+    return found
 
 
 def _is_one(expr) -> bool:
