@@ -499,9 +499,13 @@ def test_weights_prepacked_at_compile_time():
     ("znver4", "int8", "vpdpbusd zmm"), ("alderlake", "int8", "vpdpbusd ymm"),
     ("znver3", "int8", "vpmaddubsw+vpmaddwd ymm"), ("znver4", "bf16", "vdpbf16ps zmm"),
     ("znver3", "bf16", None), ("nehalem", "fp32", None),
+    ("sapphirerapids", "int8", "tdpbusd tmm"), ("sapphirerapids", "bf16", "tdpbf16ps tmm"),
+    ("sapphirerapids", "fp32", "vfmadd231ps zmm"),
 ])
 def test_peak_instruction_for_every_tier(mcpu, kind, instruction):
-    from tvm_hybrid.bench.peak import _throughput_kernel, peak_instruction
+    """The instruction each tier's peak is measured on: the tile unit's on AMX hosts, as the
+    GEMM engine uses it there for int8 and bf16."""
+    from tvm_hybrid.bench.peak import _amx_throughput_kernel, _throughput_kernel, peak_instruction
 
     target = tvm_hybrid.make_target({"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
     found = peak_instruction(kind, target)
@@ -510,9 +514,12 @@ def test_peak_instruction_for_every_tier(mcpu, kind, instruction):
         return
     # The throughput kernel compiles to that instruction (assembly only: any host).
     lanes = found[1] // 32
-    lib = tvm.compile(_throughput_kernel(kind, found[0], lanes, 4, 2, 2), target=target)
-    asm = lib.mod.inspect_source("s")
-    register = "zmm" if lanes == 16 else "ymm"
+    if found[0].startswith("tdp"):
+        kernel = _amx_throughput_kernel(kind, 2)
+    else:
+        kernel = _throughput_kernel(kind, found[0], lanes, 4, 2, 2)
+    asm = tvm.compile(kernel, target=target).mod.inspect_source("s")
+    register = "tmm" if found[0].endswith("tmm") else "zmm" if lanes == 16 else "ymm"
     for mnemonic in found[0].split()[0].split("+"):
         assert re.search(rf"{mnemonic}\s+.*%{register}", asm), mnemonic
 
@@ -535,3 +542,9 @@ def test_peak_measurement_is_plausible(kind):
         # shared VM), so its floor leaves room below 0.5x and still catches a broken timer.
         floor = 0.8 if kind == "int8" else 0.35
         assert peak.gops > measure_peak("fp32").gops * floor, peak
+    if peak.instruction.endswith("tmm"):
+        # A tile instruction does 16 x 16 x 64 (int8) or x 32 (bf16) multiply-adds, one per 16
+        # cycles on Sapphire Rapids: 2048 or 1024 operations per cycle and core; at most 8 GHz.
+        per_cycle = 2048 if kind == "int8" else 1024
+        assert peak.gops < per_cycle * 8.0 * peak.cores, peak
+        assert peak.gops > measure_peak("fp32").gops * (4 if kind == "int8" else 2), peak

@@ -16,6 +16,10 @@ int8      ``vpdpbusd`` (AVX512-VNNI zmm, AVX-VNNI ymm), or       4 x lanes
 bf16      ``vdpbf16ps`` (AVX512-BF16 only)                       2 x lanes
 ========  ====================================================  ========================
 
+On AMX hosts int8 and bf16 are measured on the tile unit instead, as the GEMM engine uses it
+there: ``tdpbusd`` (16 x 16 x 64 multiply-adds) or ``tdpbf16ps`` (16 x 16 x 32) on four
+independent accumulator tiles whose operands stay in tile registers.
+
 Rates count 2 operations per multiply-add. The fp32 rate also gives the effective clock::
 
     clock = rate / (cores * fma_pipes * lanes * 2)
@@ -33,13 +37,17 @@ import tvm
 from tvm.script import tirx as T
 from tvm.target import Target
 
-from ..host import host_target, target_features
+from ..host import check_runnable_here, host_target, target_features
 from ..microkernels.families.bf16_dot import DPBF16PS_IR
 from ..thread_pool import num_threads
 
 FMA_PIPES = 2
 _PANEL = 64  # steps whose operands cycle through L1
 _REPEATS = 1 << 13
+#: kind: (instruction, LLVM feature, multiply-adds per instruction) of the AMX tile unit.
+_AMX = {"int8": ("tdpbusd tmm", "amx-int8", 16 * 16 * 64),
+        "bf16": ("tdpbf16ps tmm", "amx-bf16", 16 * 16 * 32)}
+_AMX_REPEATS = 1 << 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +89,8 @@ def peak_instruction(kind: str, target: Target | None = None) -> tuple[str, int]
     """
     features = target_features(target or host_target())
     wide = "avx512f" in features
+    if kind in _AMX and {"amx-tile", _AMX[kind][1]} <= features:
+        return _AMX[kind][0], 512
     if kind == "fp32":
         if wide:
             return "vfmadd231ps zmm", 512
@@ -120,6 +130,17 @@ def measure_peak(kind: str = "fp32", target: Target | None = None,
     if found is None:
         raise RuntimeError(f"no {kind} multiply-add instruction for target {target}")
     instruction, bits = found
+    if instruction.startswith("tdp"):
+        check_runnable_here(target)  # and asks Linux for the tile permission
+        lib = tvm.compile(_amx_throughput_kernel(kind, cores), target=target)
+        tiles = [tvm.runtime.tensor(np.zeros((cores, 4, 16, 64), "uint8")) for _ in range(2)]
+        acc = tvm.runtime.tensor(np.zeros((cores, 4, 16, 16), "int32" if kind == "int8"
+                                          else "float32"))
+        timer = lib.mod.time_evaluator("main", tvm.cpu(), number=3, repeat=7)
+        seconds = min(timer(*tiles, acc).results)
+        updates = cores * 4 * _AMX_REPEATS
+        return Peak(kind, instruction, 2.0 * updates * _AMX[kind][2] / seconds / 1e9, cores,
+                    bits // 32)
     lanes = bits // 32
     registers = 32 if bits == 512 else 16
     # Accumulators to cover the pipes' latency, leaving registers for operands and temporaries.
@@ -193,5 +214,47 @@ def _throughput_kernel(kind: str, instruction: str, lanes: int, mr: int, nv: int
             for i in T.unroll(mr):
                 for v in T.unroll(nv):
                     C[p, i, v, T.ramp(0, 1, lanes)] = acc[i, v, T.ramp(0, 1, lanes)]
+
+    return kernel
+
+
+def _amx_throughput_kernel(kind: str, cores: int):
+    """Per core: configure 8 tiles of 16 rows x 64 bytes, load accumulator tiles 0-3 and
+    operand tiles 4-7 once, then ``_AMX_REPEATS`` rounds of ``C[t] += A[4 + t // 2] x B[6 + t %
+    2]`` on the four accumulators (independent chains, as in the GEMM engine's 32 x 32 block)."""
+    dot = "llvm.x86.tdpbusd" if kind == "int8" else "llvm.x86.tdpbf16ps"
+    acc_dtype = "int32" if kind == "int8" else "float32"
+
+    @T.prim_func
+    def kernel(A: T.Buffer((cores, 4, 16, 64), "uint8"), B: T.Buffer((cores, 4, 16, 64), "uint8"),
+               C: T.Buffer((cores, 4, 16, 16), acc_dtype)):
+        for p in T.parallel(cores):
+            cfg = T.alloc_buffer((64,), "uint8", scope="local")
+            for z in range(64):
+                cfg[z] = T.uint8(0)
+            cfg[0] = T.uint8(1)
+            for t in range(8):
+                cfg[16 + 2 * t] = T.uint8(64)
+                cfg[48 + t] = T.uint8(16)
+            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.ldtilecfg", T.address_of(cfg[0])))
+            for t in T.unroll(4):
+                T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.Cast("int8", t),
+                                              T.address_of(C[p, t, 0, 0]), T.int64(64)))
+            for t in T.unroll(2):
+                T.evaluate(T.call_llvm_intrin(
+                    "void", "llvm.x86.tileloadd64", T.Cast("int8", 4 + t),
+                    T.address_of(A[p, t, 0, 0]), T.int64(64)))
+                T.evaluate(T.call_llvm_intrin(
+                    "void", "llvm.x86.tileloadd64", T.Cast("int8", 6 + t),
+                    T.address_of(B[p, t, 0, 0]), T.int64(64)))
+            for _ in range(_AMX_REPEATS):
+                for t in T.unroll(4):
+                    T.evaluate(T.call_llvm_intrin("void", dot, T.Cast("int8", t),
+                                                  T.Cast("int8", 4 + t // 2),
+                                                  T.Cast("int8", 6 + t % 2)))
+            for t in T.unroll(4):
+                T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilestored64", T.Cast("int8", t),
+                                              T.address_of(C[p, t, 0, 0]), T.int64(64)))
+            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilerelease"))
 
     return kernel
