@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import socket
 import time
@@ -430,3 +431,34 @@ def test_int8_attention_knobs_are_tuned_and_applied(tmp_path, target):
         (info,) = [k for k in model.kernels.values() if "fused attention" in k.detail]
         assert info.detail == knobs.describe()
         assert np.abs(np.asarray(model(**wl.inputs)) - reference).max() <= 3 * step
+
+
+@pytest.mark.requires("amx-tile", "amx-int8")
+def test_tuning_amx_kernels_here_asks_for_the_tile_permission(tmp_path):
+    """The tuner runs candidates in its own process: without Linux's XTILEDATA permission the
+    first AMX candidate died of an illegal instruction (the whole ``tvm-hybrid tune``). In a
+    fresh process (the permission is per process), the int8 GEMM tunes on AMX tiles."""
+    import subprocess
+    import sys
+
+    onnx.save(workloads.matmul_integer(128, 128, 256).model, str(tmp_path / "m.onnx"))
+    out = subprocess.run([sys.executable, "-m", "tvm_hybrid", "tune", str(tmp_path / "m.onnx"),
+                          "-o", str(tmp_path / "r.json"), "--trials", "3", "--no-progress"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "amx" in (tmp_path / "r.json").read_text()
+
+
+def test_tuning_here_for_a_cpu_this_one_is_not_is_refused():
+    """Measuring here code for a CPU with features this one lacks (AMX code on a CPU without
+    it aborts the process) is refused with the features named; an RPC runner is the way."""
+    import subprocess
+    import sys
+
+    code = ("from tvm_hybrid.host import make_target\n"
+            "from tvm_hybrid.tuning.measure import Measurer\n"
+            "Measurer(make_target({'kind': 'llvm', 'mcpu': 'sapphirerapids'}))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "TVM_HYBRID_HOST_CPU": "haswell"})
+    assert out.returncode != 0
+    assert "TargetError" in out.stderr and "amx-tile" in out.stderr and "lacks" in out.stderr

@@ -21,6 +21,7 @@ from tvm.target import Target
 
 from ..compile_lock import COMPILER_LOCK
 from ..errors import RPCError
+from ..host import check_runnable_here
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +106,12 @@ class Measurer:
         self.repeat = repeat
         self.min_repeat_ms = min_repeat_ms
         self.runner = None
-        if rpc is not None:
+        if rpc is None:
+            # Candidates run in this process: refuse code this CPU cannot run (AMX on a CPU
+            # without it aborts the process) and ask Linux for the AMX tile permission, without
+            # which the first tile instruction is an illegal instruction.
+            check_runnable_here(target)
+        else:
             rpc.check()
             evaluator = ms.runner.EvaluatorConfig(number=1, repeat=repeat,
                                                   min_repeat_ms=min_repeat_ms,
