@@ -30,7 +30,9 @@ The model, in the spirit of the oneDNN Graph Compiler's:
    tiles, 7 x 11 row tiles, took one block on one core: 49 x 4 rows have less traffic than
    7 x 4; 268 us against 133 us for 192 rows, on a Zen 3.) Constraint: the ``A`` block plus
    one ``B`` panel fit in half of L2, ``(mb * mr + nr) * K * 4 <= L2 / 2``, so ``A`` is read from
-   L2, not memory, for every ``N`` tile.
+   L2, not memory, for every ``N`` tile. A per-block (AMX) kernel's block accumulates in
+   memory, so its accumulators are also kept to an eighth of L2
+   (:data:`_BLOCK_ACCUMULATOR_L2_SHARE`).
 3. **K blocks.** Where that constraint leaves one row tile per block (``K`` large) although
    ``M`` has several, every row tile reads all of ``B``: ``M / mr`` passes over the weights,
    the first from memory at the pace of one row tile's FMAs. With ``K`` split into blocks of
@@ -69,6 +71,11 @@ _INPUT_BYTES = {"float32": 4, "bfloat16": 2, "int16": 2, "uint8": 1, "int8": 1}
 _BLOCK_OVERHEAD = 4.0
 # Cost of one FLOP in those units (an element read from memory ~ 20 FMAs).
 _COMPUTE = 0.05
+# A per-block (AMX) kernel accumulates its whole block in memory (zeroed, loaded and stored
+# by the tiles, read by the epilogue): the block's accumulators are kept to this share of L2.
+# int8 1024^3 on a 2-core Emerald Rapids (2 MB L2): 512 x 1024 blocks (2 MB of int32) 0.755 ms;
+# blocks of 64 KB to 512 KB 0.58-0.62 ms (the tuner's 40 trials).
+_BLOCK_ACCUMULATOR_L2_SHARE = 1 / 8
 # Padding M must gain this much throughput over the best exact tile (it costs a copy of x).
 _PAD_GAIN = 1.25
 # ...and is only worth that copy for this many output columns or more.
@@ -323,6 +330,9 @@ def choose_blocks(shape: GemmShape, kernel: Microkernel, caches: CacheSizes,
         if mb > 1 and (mb * kernel.mr + kernel.nr) * shape.k * shape.itemsize > budget:
             continue
         for nb in _divisors(n_tiles):
+            if (kernel.per_block and (mb, nb) != (1, 1) and mb * kernel.mr * nb * kernel.nr * 4
+                    > caches.l2 * _BLOCK_ACCUMULATOR_L2_SHARE):
+                continue
             blocks = shape.batch * (m_tiles // mb) * (n_tiles // nb)
             balance = _balance(blocks, threads)
             rows, cols = mb * kernel.mr, nb * kernel.nr
