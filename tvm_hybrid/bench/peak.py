@@ -38,6 +38,7 @@ from tvm.script import tirx as T
 from tvm.target import Target
 
 from ..host import check_runnable_here, host_target, target_features
+from ..microkernels.families.amx import configure_tiles
 from ..microkernels.families.bf16_dot import DPBF16PS_IR
 from ..thread_pool import num_threads
 
@@ -229,14 +230,7 @@ def _amx_throughput_kernel(kind: str, cores: int):
     def kernel(A: T.Buffer((cores, 4, 16, 64), "uint8"), B: T.Buffer((cores, 4, 16, 64), "uint8"),
                C: T.Buffer((cores, 4, 16, 16), acc_dtype)):
         for p in T.parallel(cores):
-            cfg = T.alloc_buffer((64,), "uint8", scope="local")
-            for z in range(64):
-                cfg[z] = T.uint8(0)
-            cfg[0] = T.uint8(1)
-            for t in range(8):
-                cfg[16 + 2 * t] = T.uint8(64)
-                cfg[48 + t] = T.uint8(16)
-            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.ldtilecfg", T.address_of(cfg[0])))
+            configure_tiles()
             for t in T.unroll(4):
                 T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.Cast("int8", t),
                                               T.address_of(C[p, t, 0, 0]), T.int64(64)))
