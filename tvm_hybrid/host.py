@@ -93,12 +93,11 @@ def real_host_cpu() -> str:
             return None  # code for it could use an instruction the running CPU lacks
         return len(features & offered & watched), -len(lacking), len(features & offered)
 
-    named_fit = fit(named)
-    if named_fit is not None and not (offered & watched) - target_features(
-            Target({"kind": "llvm", "mcpu": named})):
-        return named
-    best, best_fit = named, named_fit or (-1, 0, -1)
-    for cpu in codegen.llvm_get_cpu_archlist(Target({"kind": "llvm", "mcpu": named})):
+    named_target = Target({"kind": "llvm", "mcpu": named})
+    if not (offered & watched) - target_features(named_target):
+        return named  # features it names but the CPU hides are turned off (hidden_features)
+    best, best_fit = named, fit(named) or (-1, 0, -1)
+    for cpu in codegen.llvm_get_cpu_archlist(named_target):
         score = fit(str(cpu))
         if score is not None and score > best_fit:
             best, best_fit = str(cpu), score

@@ -296,15 +296,8 @@ def _region_last_is(region, var) -> bool:
 
 def _uses_any(region, variables) -> bool:
     """Whether any index of ``region`` depends on one of ``variables``."""
-    found = False
-
-    def on_var(node) -> None:
-        nonlocal found
-        found |= any(node.same_as(v) for v in variables)
-
-    for rng in region.region:
-        tvm_ffi.structural_walk(rng.min, [(tirx.Var, on_var)])
-    return found
+    return any(used.same_as(v) for rng in region.region
+               for used in tirx.analysis.undefined_vars(rng.min) for v in variables)
 
 
 def _is_one(expr) -> bool:

@@ -20,7 +20,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 
 from ..compile_lock import COMPILER_LOCK
-from ..errors import RPCError
+from ..errors import RPCError, TargetError
 from ..host import check_runnable_here
 
 logger = logging.getLogger(__name__)
@@ -110,7 +110,11 @@ class Measurer:
             # Candidates run in this process: refuse code this CPU cannot run (AMX on a CPU
             # without it aborts the process) and ask Linux for the AMX tile permission, without
             # which the first tile instruction is an illegal instruction.
-            check_runnable_here(target)
+            try:
+                check_runnable_here(target)
+            except TargetError as err:
+                raise TargetError(f"{err} To tune for that CPU, measure on one: "
+                                  "--rpc-tracker HOST:PORT (RPCSettings).") from None
         else:
             rpc.check()
             evaluator = ms.runner.EvaluatorConfig(number=1, repeat=repeat,
