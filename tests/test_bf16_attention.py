@@ -10,7 +10,9 @@ test compiles for named CPUs and reads the code anywhere.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import re
 
 import ml_dtypes
 import numpy as np
@@ -24,6 +26,7 @@ from tvm_hybrid.host import host_target
 from tvm_hybrid.microkernels import best_vector_family
 from tvm_hybrid.passes.fuse_attention import ATTENTION_PREP, FUSED_ATTENTION
 from tvm_hybrid.schedules.attention import ATTENTION_ATTR, AttentionShape, choose_knobs, variants
+from tvm_hybrid.schedules.attention.amx_kernel import KEY_MULTIPLE, amx_attention_kernel
 from tvm_hybrid.schedules.attention.bf16_kernel import (
     bf16_attention_kernel,
     bf16_prep_kernel,
@@ -38,6 +41,8 @@ from tvm_hybrid.schedules.attention.heuristics import (
 HASWELL = tvm_hybrid.make_target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
 ZNVER4 = tvm_hybrid.make_target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
 SAPPHIRE = tvm_hybrid.make_target({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2})
+#: AVX512-BF16 without AMX: Intel's vdpbf16ps is no faster than its FMAs (attention stays fp32).
+COOPERLAKE = tvm_hybrid.make_target({"kind": "llvm", "mcpu": "cooperlake", "num-cores": 2})
 
 
 def _bf16(x):
@@ -79,9 +84,8 @@ FAMILIES = [pytest.param(None, marks=pytest.mark.requires("avx512bf16"), id="vdp
             pytest.param(HASWELL, id="widening")]
 
 
-@pytest.mark.parametrize("target", FAMILIES)
-@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[:5])))
-def test_bf16_attention_kernel_computes_in_bf16(case, target):
+def _case_operands(case):
+    """``(q, k, v, mask, cond, shape)`` of a case (``[b, h, s, d]`` operands, bf16 shape)."""
     batch, heads, q_len, kv_len, d, layouts, masks = case
     rng = np.random.default_rng(q_len)
     q, k, v = (rng.standard_normal((batch, heads, n, d)).astype("float32")
@@ -97,27 +101,23 @@ def test_bf16_attention_kernel_computes_in_bf16(case, target):
                            mask_shape=None if mask is None else mask.shape, scale=scale,
                            cond_shape=None if cond is None else cond.shape, fill=-math.inf,
                            bf16=True)
-    target = target or host_target()
-    family = bf16_family(target) or best_vector_family(target, "bfloat16")
-    knobs = grouped_knobs(family, shape)
-    assert knobs is not None and knobs.qk.in_dtype == "bfloat16", shape.describe()
-    mod = tvm.IRModule({
-        "prep": bf16_prep_kernel(shape).with_attr("global_symbol", "prep"),
-        "attention": bf16_attention_kernel(shape, knobs).with_attr("global_symbol",
-                                                                   "attention")})
-    ex = tvm.compile(mod, target=target)
-    words = [tvm.runtime.empty(s, "int32") for s in bf16_prep_shapes(shape)]
+    return q, k, v, mask, cond, shape
+
+
+def _run(ex, shape, layouts, q, k, v, mask, cond, key_multiple=1):
+    """Run ``ex``'s ``prep`` and ``attention``: ``(K's words, output [b, h, s, d])``."""
+    words = [tvm.runtime.empty(s, "int32") for s in bf16_prep_shapes(shape, key_multiple)]
     ex["prep"](tvm.runtime.tensor(_to_layout(k, layouts[1])),
                tvm.runtime.tensor(_to_layout(v, layouts[2])), *words)
-    # K's words are its bf16 pairs (round to nearest even), exactly.
-    kb = k.astype(ml_dtypes.bfloat16).view(np.uint16).astype(np.uint32)
-    want = (kb[..., 0::2] | kb[..., 1::2] << 16).view(np.int32).transpose(0, 1, 3, 2)
-    np.testing.assert_array_equal(words[0].numpy(), want)
-    out = tvm.runtime.tensor(np.full(shape.tensor_shape(layouts[3], q_len), np.nan, "float32"))
+    out = tvm.runtime.tensor(np.full(shape.tensor_shape(layouts[3], shape.q_len), np.nan,
+                                     "float32"))
     extra = [tvm.runtime.tensor(m) for m in (mask, cond) if m is not None]
     ex["attention"](tvm.runtime.tensor(_to_layout(q, layouts[0])), *words, *extra, out)
     got = out.numpy()
-    got = got if layouts[3] == "bhsd" else got.transpose(0, 2, 1, 3)
+    return words, got if layouts[3] == "bhsd" else got.transpose(0, 2, 1, 3)
+
+
+def _check_bf16_arithmetic(got, q, k, v, mask, cond, scale):
     model, exact = _references(q, k, v, mask, scale, cond)
     scale_out = np.abs(exact).max()
     # The kernel's own arithmetic up to fp32 sums and its exp (a probability within rounding
@@ -127,7 +127,77 @@ def test_bf16_attention_kernel_computes_in_bf16(case, target):
     assert np.abs(got - exact).max() > 1e-6 * scale_out  # it did round to bf16
 
 
-@pytest.mark.parametrize("target", [ZNVER4, SAPPHIRE], ids=["znver4", "sapphirerapids"])
+@pytest.mark.parametrize("target", FAMILIES)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[:5])))
+def test_bf16_attention_kernel_computes_in_bf16(case, target):
+    layouts = case[5]
+    q, k, v, mask, cond, shape = _case_operands(case)
+    target = target or host_target()
+    family = bf16_family(target) or best_vector_family(target, "bfloat16")
+    knobs = grouped_knobs(family, shape)
+    assert knobs is not None and knobs.qk.in_dtype == "bfloat16", shape.describe()
+    mod = tvm.IRModule({
+        "prep": bf16_prep_kernel(shape).with_attr("global_symbol", "prep"),
+        "attention": bf16_attention_kernel(shape, knobs).with_attr("global_symbol",
+                                                                   "attention")})
+    ex = tvm.compile(mod, target=target)
+    words, got = _run(ex, shape, layouts, q, k, v, mask, cond)
+    # K's words are its bf16 pairs (round to nearest even), exactly.
+    kb = k.astype(ml_dtypes.bfloat16).view(np.uint16).astype(np.uint32)
+    want = (kb[..., 0::2] | kb[..., 1::2] << 16).view(np.int32).transpose(0, 1, 3, 2)
+    np.testing.assert_array_equal(words[0].numpy(), want)
+    _check_bf16_arithmetic(got, q, k, v, mask, cond, shape.scale)
+
+
+AMX_CASES = [*(c for c in CASES if c[4] % 32 == 0),
+             (1, 2, 100, 130, 128, ("bhsd",) * 4, "padding")]  # 4 query blocks, keys padded
+
+
+@pytest.mark.requires("amx-tile", "amx-bf16")
+@pytest.mark.parametrize("case", AMX_CASES, ids=lambda c: "x".join(map(str, c[:5])))
+def test_amx_bf16_attention_kernel_computes_in_bf16(case):
+    """The AMX kernel: the same arithmetic as the vector bf16 kernel (bf16 operands and
+    probabilities, fp32 sums), keys padded to 32 with zero words that score nothing."""
+    layouts = case[5]
+    q, k, v, mask, cond, shape = _case_operands(case)
+    target = host_target()
+    knobs = choose_knobs(target, shape)
+    assert knobs is not None and knobs.qk.per_block, shape.describe()
+    mod = tvm.IRModule({
+        "prep": bf16_prep_kernel(shape, KEY_MULTIPLE).with_attr("global_symbol", "prep"),
+        "attention": amx_attention_kernel(shape, knobs).with_attr("global_symbol",
+                                                                  "attention")})
+    ex = tvm.compile(mod, target=target)
+    words, got = _run(ex, shape, layouts, q, k, v, mask, cond, KEY_MULTIPLE)
+    kw, vw = (w.numpy() for w in words)
+    assert kw.shape[3] % 32 == 0 and vw.shape[2] % 16 == 0
+    assert not kw[..., shape.kv_len:].any() and not vw[:, :, -(-shape.kv_len // 2):].any()
+    _check_bf16_arithmetic(got, q, k, v, mask, cond, shape.scale)
+
+
+def test_amx_bf16_attention_compiles_to_tiles_with_no_scores_of_the_whole_sequence():
+    """For Sapphire Rapids (compiled and read anywhere): both products on ``tdpbf16ps``, the
+    scores of one query block only (``q_block x keys``), query blocks the tuner measures."""
+    shape = AttentionShape(2, 4, 200, 200, 64, q_layout="bshd", k_layout="bshd",
+                           v_layout="bshd", out_layout="bshd", mask_shape=(2, 1, 1, 200),
+                           scale=0.125, bf16=True)
+    knobs = choose_knobs(SAPPHIRE, shape)
+    assert knobs is not None and knobs.qk.isa == "amx" and knobs.q_block == 32
+    assert "amx bfloat16 fused attention" in knobs.describe()
+    func = amx_attention_kernel(shape, knobs)
+    sizes = [math.prod(int(v) for v in dims.split(",") if v.strip())
+             for dims in re.findall(r"T\.alloc_buffer\(\(([\d, ]+)\)", func.script())]
+    assert sizes and max(sizes) == 32 * 224 < 200 * 200, sizes  # a block's scores, keys padded
+    mod = tvm.IRModule({"attention": func.with_attr("global_symbol", "attention")})
+    asm = tvm.compile(mod, target=SAPPHIRE).mod.inspect_source("s")
+    assert asm.count("tdpbf16ps") >= 8 and "tileloadd" in asm and "tilestored" in asm
+    options = variants(SAPPHIRE, shape)
+    assert options[0] == knobs and [k.q_block for k in options] == [32, 64, 128]
+    # A head dimension that is not a multiple of 32 has no AMX kernel: fp32 attention.
+    assert choose_knobs(SAPPHIRE, dataclasses.replace(shape, head_dim=48)) is None
+
+
+@pytest.mark.parametrize("target", [ZNVER4, COOPERLAKE], ids=["znver4", "cooperlake"])
 def test_bf16_attention_runs_vdpbf16ps_on_zmm(target):
     shape = AttentionShape(1, 2, 64, 100, 64, mask_shape=(1, 1, 1, 100), scale=0.125,
                            bf16=True)
@@ -158,8 +228,14 @@ def test_bf16_precision_fuses_bf16_attention_where_the_cpu_has_bf16_dots():
     compiled = tvm_hybrid.compile(workloads.attention(1, 40, heads=2).model, ZNVER4,
                                   precision="bf16")
     assert compiled.kernels[FUSED_ATTENTION].kind == "bf16"
-    # Haswell has no bf16 dot product; Sapphire Rapids' is no faster than its fp32 FMAs.
-    for target, precision in ((HASWELL, "bf16"), (SAPPHIRE, "bf16"), (ZNVER4, "fp32")):
+    # Sapphire Rapids: the same preparation (keys padded to 32) and the AMX kernel.
+    fused = passes.FuseAttention(SAPPHIRE, precision="bf16")(mod)
+    kernel = next(f for gv, f in fused.functions.items() if gv.name_hint == FUSED_ATTENTION)
+    assert "amx bfloat16 fused attention" in str(kernel.attrs[ATTENTION_ATTR])
+    prep = next(f for gv, f in fused.functions.items() if gv.name_hint == ATTENTION_PREP)
+    assert [int(x) for x in prep.params[2].ty.shape] == [1, 2, 32, 64]  # 40 keys -> 64
+    # Haswell has no bf16 dot product; Cooper Lake's is no faster than its fp32 FMAs.
+    for target, precision in ((HASWELL, "bf16"), (COOPERLAKE, "bf16"), (ZNVER4, "fp32")):
         fused = passes.FuseAttention(target, precision=precision)(mod)
         kernels = [f for gv, f in fused.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
         assert len(kernels) == 1 and "bf16" not in str(kernels[0].attrs[ATTENTION_ATTR])
@@ -170,8 +246,10 @@ def test_bf16_precision_attention_end_to_end():
     wl = workloads.attention(2, 77, heads=4)
     compiled = tvm_hybrid.compile(wl.model, precision="bf16")
     info = compiled.kernels[FUSED_ATTENTION]
-    in_bf16 = bf16_attention_pays(host_target())  # AMD: bf16; Intel: fp32 (measured faster)
-    assert ("avx512_bf16" in info.detail) == in_bf16, info.detail
+    # AMD: vdpbf16ps; Intel: AMX tiles, or fp32 without AMX (measured faster than vdpbf16ps)
+    in_bf16 = bf16_attention_pays(host_target())
+    assert ("avx512_bf16" in info.detail or "amx bfloat16" in info.detail) == in_bf16, \
+        info.detail
     reference = tvm_hybrid.compile(wl.model, pipeline="stock")
     want = reference(**wl.inputs)
     got = compiled(**wl.inputs)

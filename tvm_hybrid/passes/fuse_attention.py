@@ -26,8 +26,9 @@ preparation kernel and the int8 kernel of ``schedules/attention/quantized_kernel
 ``u8`` operands (VNNI's ``vpdpbusd``, or AVX2's ``vpmaddwd`` on s16 words without it).
 With ``precision="bf16"`` an fp32 attention becomes the bf16 preparation and kernel of
 ``schedules/attention/bf16_kernel.py`` where the CPU has a bf16 dot product (AVX512-BF16)
-faster than its fp32 FMAs (AMD Zen 4 and 5; ``heuristics.bf16_attention_pays``), and stays
-fp32 elsewhere.
+faster than its fp32 FMAs (AMD Zen 4 and 5; ``heuristics.bf16_attention_pays``), the same
+preparation and ``amx_kernel.py``'s kernel on CPUs with AMX-BF16 (head dimensions that are
+multiples of 32), and stays fp32 elsewhere.
 ONNX's ``Attention`` op arrives in the fp32 form (``frontend/attention.py``).
 
 The softmax may also be ``reshape(softmax(reshape(S, [n, s])), S.shape)`` with the keys' axis
@@ -48,6 +49,7 @@ import tvm
 from tvm import relax
 
 from ..schedules.attention import AttentionShape, attention_kernel, knobs_for
+from ..schedules.attention.amx_kernel import KEY_MULTIPLE, amx_attention_kernel
 from ..schedules.attention.bf16_kernel import (
     bf16_attention_kernel,
     bf16_prep_kernel,
@@ -149,11 +151,16 @@ class _Fuser(TargetMutator):
         out = relax.TensorType(shape.tensor_shape(shape.out_layout, shape.q_len), "float32")
         if shape.bf16:
             q, k, v, *masks = operands
-            prep = self.builder_.add_func(bf16_prep_kernel(shape), ATTENTION_PREP)
+            # The AMX kernel's tile steps need the keys padded to 32.
+            amx = knobs.qk.per_block
+            multiple = KEY_MULTIPLE if amx else 1
+            prep = self.builder_.add_func(bf16_prep_kernel(shape, multiple), ATTENTION_PREP)
             prepared = self.builder_.emit(relax.call_tir(
-                prep, [k, v], [relax.TensorType(s, "int32") for s in bf16_prep_shapes(shape)]))
+                prep, [k, v],
+                [relax.TensorType(s, "int32") for s in bf16_prep_shapes(shape, multiple)]))
             words = [self.builder_.emit(relax.TupleGetItem(prepared, i)) for i in range(2)]
-            gvar = self.builder_.add_func(bf16_attention_kernel(shape, knobs), FUSED_ATTENTION)
+            kernel = amx_attention_kernel if amx else bf16_attention_kernel
+            gvar = self.builder_.add_func(kernel(shape, knobs), FUSED_ATTENTION)
             return relax.call_tir(gvar, [q, *words, *masks], out)
         if shape.quant is None:
             gvar = self.builder_.add_func(attention_kernel(shape, knobs), FUSED_ATTENTION)

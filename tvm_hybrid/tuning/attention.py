@@ -20,6 +20,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 
 from ..schedules.attention import SHAPE_ATTR, AttentionShape, attention_kernel, variants
+from ..schedules.attention.amx_kernel import amx_attention_kernel
 from ..schedules.attention.bf16_kernel import bf16_attention_kernel
 from ..schedules.attention.quantized_kernel import quantized_attention_kernel
 from .measure import Measurer
@@ -73,7 +74,8 @@ def _module(shape: AttentionShape, knobs) -> tvm.IRModule:
     """The kernel of ``shape`` with ``knobs`` (an int8 or bf16 attention's main kernel: its
     preparation does not depend on the knobs)."""
     kernel = quantized_attention_kernel if shape.quant is not None else \
-        bf16_attention_kernel if shape.bf16 else attention_kernel
+        (amx_attention_kernel if knobs.qk.per_block else bf16_attention_kernel) if shape.bf16 \
+        else attention_kernel
     return tvm.IRModule({"main": kernel(shape, knobs).with_attr("global_symbol", "main")})
 
 

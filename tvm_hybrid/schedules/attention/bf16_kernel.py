@@ -65,17 +65,22 @@ def pair_word(low, high):
         T.bitwise_and(_rounded(high), -65536)
 
 
-def bf16_prep_shapes(shape: AttentionShape) -> tuple[tuple[int, ...], ...]:
-    """The shapes of the preparation's outputs: ``KW`` and ``VW`` (module docstring)."""
+def bf16_prep_shapes(shape: AttentionShape,
+                     key_multiple: int = 1) -> tuple[tuple[int, ...], ...]:
+    """The shapes of the preparation's outputs: ``KW`` and ``VW`` (module docstring), keys
+    padded to a multiple of ``key_multiple`` (the AMX kernel's 32; even for ``VW``)."""
     b, h, kv, d = shape.batch, shape.heads, shape.kv_len, shape.head_dim
-    return (b, h, d // 2, kv), (b, h, -(-kv // 2), d)
+    keys = -(-kv // key_multiple) * key_multiple
+    return (b, h, d // 2, keys), (b, h, -(-keys // 2), d)
 
 
-def bf16_prep_kernel(shape: AttentionShape) -> tirx.PrimFunc:
+def bf16_prep_kernel(shape: AttentionShape, key_multiple: int = 1) -> tirx.PrimFunc:
     """``K, V -> KW, VW`` of a bf16 attention (module docstring): both operands as words of
-    two bf16, once per call, parallel over ``(batch, head)``."""
+    two bf16, once per call, parallel over ``(batch, head)``; keys past the end (up to a
+    multiple of ``key_multiple``) are zero words."""
     kv, d, heads = shape.kv_len, shape.head_dim, shape.heads
-    kw_shape, vw_shape = bf16_prep_shapes(shape)
+    kw_shape, vw_shape = bf16_prep_shapes(shape, key_multiple)
+    keys, words = kw_shape[3], vw_shape[2]
     pairs, tail = divmod(kv, 2)
     layouts = {"k": shape.k_layout, "v": shape.v_layout}
     k_shape, v_shape = (shape.tensor_shape(layouts[n], kv) for n in ("k", "v"))
@@ -101,6 +106,8 @@ def bf16_prep_kernel(shape: AttentionShape) -> tirx.PrimFunc:
                 for g in range(d // 2):
                     KW[b, h, g, j] = pair_word(Kf[at("k", b, h, j, 2 * g)],
                                                Kf[at("k", b, h, j, 2 * g + 1)])
+            for g, j in T.grid(d // 2, keys - kv):
+                KW[b, h, g, kv + j] = 0
             for g in range(pairs):
                 for c in T.vectorized(d):
                     VW[b, h, g, c] = pair_word(Vf[at("v", b, h, 2 * g, c)],
@@ -109,6 +116,9 @@ def bf16_prep_kernel(shape: AttentionShape) -> tirx.PrimFunc:
                 for c in T.vectorized(d):
                     VW[b, h, pairs, c] = pair_word(Vf[at("v", b, h, kv - 1, c)],
                                                    T.float32(0))
+            for g in range(words - pairs - tail):
+                for c in T.vectorized(d):
+                    VW[b, h, pairs + tail + g, c] = 0
 
     return prep
 
