@@ -178,21 +178,27 @@ def test_amx_bf16_attention_kernel_computes_in_bf16(case):
 def test_amx_bf16_attention_compiles_to_tiles_with_no_scores_of_the_whole_sequence():
     """For Sapphire Rapids (compiled and read anywhere): both products on ``tdpbf16ps``, the
     scores of one query block only (``q_block x keys``), query blocks the tuner measures."""
-    shape = AttentionShape(2, 4, 200, 200, 64, q_layout="bshd", k_layout="bshd",
-                           v_layout="bshd", out_layout="bshd", mask_shape=(2, 1, 1, 200),
+    shape = AttentionShape(1, 2, 200, 200, 64, q_layout="bshd", k_layout="bshd",
+                           v_layout="bshd", out_layout="bshd", mask_shape=(1, 1, 1, 200),
                            scale=0.125, bf16=True)
-    knobs = choose_knobs(SAPPHIRE, shape)
-    assert knobs is not None and knobs.qk.isa == "amx" and knobs.q_block == 32
+    knobs = choose_knobs(SAPPHIRE, shape)  # 2 tasks per thread of 128 queries
+    assert knobs is not None and knobs.qk.isa == "amx" and knobs.q_block == 128
     assert "amx bfloat16 fused attention" in knobs.describe()
     func = amx_attention_kernel(shape, knobs)
     sizes = [math.prod(int(v) for v in dims.split(",") if v.strip())
              for dims in re.findall(r"T\.alloc_buffer\(\(([\d, ]+)\)", func.script())]
-    assert sizes and max(sizes) == 32 * 224 < 200 * 200, sizes  # a block's scores, keys padded
+    assert sizes and max(sizes) == 128 * 224 < 200 * 200, sizes  # a block's scores, keys padded
     mod = tvm.IRModule({"attention": func.with_attr("global_symbol", "attention")})
     asm = tvm.compile(mod, target=SAPPHIRE).mod.inspect_source("s")
     assert asm.count("tdpbf16ps") >= 8 and "tileloadd" in asm and "tilestored" in asm
+    assert "vcvtneps2bf16" in asm  # the probabilities rounded to bf16
     options = variants(SAPPHIRE, shape)
-    assert options[0] == knobs and [k.q_block for k in options] == [32, 64, 128]
+    assert options[0] == knobs and [k.q_block for k in options] == [128, 32, 64]
+    # 16 threads: blocks of 32 queries (14 tasks); 4096 keys: 32 (their scores fill 512 KiB).
+    many = tvm_hybrid.make_target({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 16})
+    assert choose_knobs(many, shape).q_block == 32
+    long = dataclasses.replace(shape, q_len=4096, kv_len=4096, mask_shape=None)
+    assert choose_knobs(SAPPHIRE, long).q_block == 32
     # A head dimension that is not a multiple of 32 has no AMX kernel: fp32 attention.
     assert choose_knobs(SAPPHIRE, dataclasses.replace(shape, head_dim=48)) is None
 

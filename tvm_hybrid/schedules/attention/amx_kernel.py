@@ -17,10 +17,16 @@ Both products are blocks of 2 x 2 accumulator tiles (32 x 32), as the GEMM engin
 family (``microkernels/families/amx.py``) runs them: ``KW`` and ``VW`` are already the tile
 unit's ``B`` layout (pairs of ``K`` rows interleaved), and the rows of ``QB`` and ``P`` its
 ``A`` tiles, so nothing is transposed in the kernel. Scores are kept queries x keys (the
-order the tiles store them), the softmax's row statistics reduced across vectors of keys.
-The head dimension must be a multiple of 32 (one tile step of ``K``); padded keys score
-nothing (their probabilities are 0). Rounding the operands and probabilities to bf16 gives
-errors of about ``2**-9`` relative to the output's scale, like the vector bf16 kernel.
+order the tiles store them), the softmax's row statistics reduced across vectors of keys,
+rows in groups of :data:`_ROWS` so that the reductions across lanes (serial chains) of
+different rows overlap. With the products on tiles the softmax is most of the kernel's time,
+so it is lean: ``exp`` is ``2**t`` of the scores in units of ``log2(e)`` (one FMA with the
+maximum), a degree-4 polynomial and the exponent added to its bits
+(:func:`exp2_nonpositive`, relative error 2.7e-6), and the probabilities are rounded by
+``vcvtneps2bf16``. The head dimension must be a multiple of 32 (one tile step of ``K``);
+padded keys score nothing (their probabilities are 0). Rounding the operands and
+probabilities to bf16 gives errors of about ``2**-9`` relative to the output's scale, like the
+vector bf16 kernel.
 
 Never run on a CPU without AMX: LLVM aborts the process there (``fits`` and the pass check
 the target; tests only compile and read the assembly on such hosts).
@@ -42,7 +48,6 @@ from .kernel import (
     FLOPS_ATTR,
     SHAPE_ATTR,
     apply_masks,
-    fast_exp,
     kept_params,
 )
 from .workload import AttentionShape, element_offset
@@ -51,6 +56,42 @@ from .workload import AttentionShape, element_offset
 KEY_MULTIPLE = 32
 #: fp32 lanes of the softmax's vectors (one zmm).
 _LANES = 16
+#: Rows of the softmax whose reductions across lanes overlap.
+_ROWS = 8
+_LOG2E = 1.4426950408889634
+#: ``1.5 * 2**23``: ``t + _ROUNDER`` rounds ``t`` to an integer held in its low mantissa bits.
+_ROUNDER = 12582912.0
+#: ``2**f`` on ``[-0.5, 0.5]``, highest power first: a near-minimax fit of relative error
+#: (2.7e-6 evaluated in fp32).
+_EXP2_POLY = (9.5699867e-3, 5.5917572e-2, 2.4024744e-1, 6.9312185e-1, 9.9999928e-1)
+
+
+def exp2_nonpositive(t, lanes: int = 1):
+    """``2**t`` for ``t <= 0`` (a score less its row's maximum, in units of ``log2(e)``), of
+    ``lanes`` lanes: ``2**n`` added to the exponent bits of :data:`_EXP2_POLY` at ``f = t - n``
+    in ``[-0.5, 0.5]`` (relative error 2.7e-6, under bf16's ``2**-9``). ``n`` is rounded by
+    adding :data:`_ROUNDER`, whose low mantissa bits then hold it. ``t`` is clamped at -125
+    (``2**-125`` stands for the zero of a masked score)."""
+    suffix = f"x{lanes}" if lanes > 1 else ""
+
+    def const(x):
+        return T.broadcast(T.float32(x), lanes) if lanes > 1 else T.float32(x)
+
+    t = T.max(t, const(-125.0))
+    n = T.nearbyint(t)
+    f = t - n
+    y = const(_EXP2_POLY[0])
+    for c in _EXP2_POLY[1:]:
+        y = y * f + const(c)
+    return T.reinterpret("float32" + suffix, T.reinterpret("int32" + suffix, y)
+                         + T.shift_left(T.Cast("int32" + suffix, n), 23))
+
+
+def _bf16_vector(x):
+    """The bf16 bits of the 16 fp32 lanes of ``x`` (AVX512-BF16's ``vcvtneps2bf16``: rounded to
+    nearest even) as ``uint16`` lanes."""
+    return T.reinterpret("uint16x16", T.call_llvm_pure_intrin(
+        "bfloat16x16", "llvm.x86.avx512bf16.cvtneps2bf16.512", x))
 
 
 def _bits(x):
@@ -81,7 +122,7 @@ def amx_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.P
     q_blocks = -(-q_len // bq)
     tasks = shape.batch * heads * q_blocks
     m_tiles, key_tiles, d_steps, d_tiles = bq // 32, kvp // 32, d // 32, d // 32
-    chunks = kvp // _LANES
+    chunks, full_chunks = kvp // _LANES, kv // _LANES
     scale = T.float32(shape.scale if shape.scale is not None else 1.0)
     layouts = {"q": shape.q_layout, "o": shape.out_layout}
     numel = {n: math.prod(shape.tensor_shape(layouts[n], q_len)) for n in layouts}
@@ -90,7 +131,7 @@ def amx_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.P
         return element_offset(layouts[name], shape, q_len, b, h, row, col)
 
     @T.macro
-    def body(Q, KW, VW, M, C, Out):
+    def body(Q, KWs, VWs, M, C, Out):
         Qf = T.decl_buffer((numel["q"],), "float32", data=Q.data)
         Of = T.decl_buffer((numel["o"],), "float32", data=Out.data)
         for t in T.parallel(tasks):
@@ -98,17 +139,22 @@ def amx_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.P
             S = T.alloc_buffer((bq, kvp), "float32")
             P = T.alloc_buffer((bq, kvp), "uint16")
             OB = T.alloc_buffer((bq, d), "float32")
-            mv = T.alloc_buffer((_LANES,), "float32")
-            mx = T.alloc_buffer((bq,), "float32")
+            mv = T.alloc_buffer((_ROWS, _LANES), "float32")
+            mx = T.alloc_buffer((_ROWS,), "float32")
             ls = T.alloc_buffer((bq,), "float32")
             b = T.meta_var(t // (heads * q_blocks))
             h = T.meta_var(t // q_blocks % heads)
             q0 = T.meta_var(t % q_blocks * bq)
+            # The head's K and V words (the tile unit's B layout).
+            KW = T.decl_buffer((d // 2, kvp), "int32", data=KWs.data,
+                               elem_offset=(b * heads + h) * (d // 2) * kvp)
+            VW = T.decl_buffer((kvp // 2, d), "int32", data=VWs.data,
+                               elem_offset=(b * heads + h) * (kvp // 2) * d)
             configure_tiles()  # per thread: once per task
             # Q's block in bf16 (rows past the end repeat the last query).
-            for i in range(bq):
-                for c in T.vectorized(d):
-                    QB[i, c] = _bits(Qf[at("q", b, h, T.min(q0 + i, q_len - 1), c)])
+            for i, c in T.grid(bq, d // _LANES):
+                QB[i, T.ramp(c * _LANES, 1, _LANES)] = _bf16_vector(Qf[T.ramp(
+                    at("q", b, h, T.min(q0 + i, q_len - 1), c * _LANES), 1, _LANES)])
             # S = Q . K^T: 2 x 2 accumulator tiles (0-3), A tiles 4-5 (QB), B tiles 6-7 (KW).
             for jt, mt in T.grid(key_tiles, m_tiles):
                 for ct in T.unroll(4):
@@ -119,7 +165,7 @@ def amx_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.P
                                 T.address_of(QB[mt * 32 + a * 16, ds * 32]), T.int64(d * 2))
                     for n in T.unroll(2):
                         _intrin("tileloadd64", T.Cast("int8", 6 + n),
-                                T.address_of(KW[b, h, ds * 16, jt * 32 + n * 16]),
+                                T.address_of(KW[ds * 16, jt * 32 + n * 16]),
                                 T.int64(kvp * 4))
                     for ct in T.unroll(4):
                         _intrin("tdpbf16ps", T.Cast("int8", ct), T.Cast("int8", 4 + ct // 2),
@@ -128,35 +174,50 @@ def amx_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.P
                     _intrin("tilestored64", T.Cast("int8", ct),
                             T.address_of(S[mt * 32 + ct // 2 * 16, jt * 32 + ct % 2 * 16]),
                             T.int64(kvp * 4))
-            # The softmax of each row in fp32; padded keys get probability 0.
-            for i in range(bq):
-                for v in T.vectorized(_LANES):
-                    mv[v] = T.float32(_LOWEST)
-                for jc in range(chunks):
+            # The softmax of each row in fp32, rows in groups whose reductions across lanes
+            # (serial chains) overlap; padded keys get probability 0.
+            for i0 in range(bq // _ROWS):
+                for r, v in T.grid(_ROWS, _LANES):
+                    mv[r, v] = T.float32(_LOWEST)
+                for r, jc in T.grid(_ROWS, chunks):
                     for v in T.vectorized(_LANES):
-                        S[i, jc * _LANES + v] = T.if_then_else(
+                        S[i0 * _ROWS + r, jc * _LANES + v] = T.if_then_else(
                             jc * _LANES + v < kv,
-                            apply_masks(shape, S[i, jc * _LANES + v] * scale, M, C, b, h,
-                                        T.min(q0 + i, q_len - 1),
+                            apply_masks(shape, S[i0 * _ROWS + r, jc * _LANES + v] * scale, M,
+                                        C, b, h, T.min(q0 + i0 * _ROWS + r, q_len - 1),
                                         T.min(jc * _LANES + v, kv - 1)),
                             T.float32(_LOWEST))
-                        mv[v] = T.max(mv[v], S[i, jc * _LANES + v])
-                mx[i] = T.float32(_LOWEST)
-                for v in range(_LANES):
-                    mx[i] = T.max(mx[i], mv[v])
-                for v in T.vectorized(_LANES):
-                    mv[v] = T.float32(0)
-                for jc in range(chunks):
+                        mv[r, v] = T.max(mv[r, v], S[i0 * _ROWS + r, jc * _LANES + v])
+                for r in T.unroll(_ROWS):
+                    mx[r] = T.float32(_LOWEST)
+                    for v in T.unroll(_LANES):
+                        mx[r] = T.max(mx[r], mv[r, v])
+                    mx[r] = mx[r] * T.float32(_LOG2E)
+                for r, v in T.grid(_ROWS, _LANES):
+                    mv[r, v] = T.float32(0)
+                # exp(s - max) = 2^(s log2(e) - max log2(e)); the rounded value in P, the
+                # unrounded one summed (the keys' tail masked to 0).
+                for r, jc in T.grid(_ROWS, full_chunks):
+                    lanes = T.meta_var(T.ramp(jc * _LANES, 1, _LANES))
+                    e = T.meta_var(exp2_nonpositive(
+                        S[i0 * _ROWS + r, lanes] * T.broadcast(T.float32(_LOG2E), _LANES)
+                        - T.broadcast(mx[r], _LANES), _LANES))
+                    P[i0 * _ROWS + r, lanes] = _bf16_vector(e)
+                    mv[r, T.ramp(0, 1, _LANES)] = mv[r, T.ramp(0, 1, _LANES)] + e
+                for r, jc in T.grid(_ROWS, chunks - full_chunks):
                     for v in T.vectorized(_LANES):
-                        S[i, jc * _LANES + v] = T.if_then_else(
-                            jc * _LANES + v < kv, fast_exp(S[i, jc * _LANES + v] - mx[i]),
-                            T.float32(0))
-                        mv[v] = mv[v] + S[i, jc * _LANES + v]
-                        P[i, jc * _LANES + v] = _bits(S[i, jc * _LANES + v])
-                ls[i] = T.float32(0)
-                for v in range(_LANES):
-                    ls[i] = ls[i] + mv[v]
-                ls[i] = T.float32(1) / ls[i]
+                        S[i0 * _ROWS + r, (full_chunks + jc) * _LANES + v] = T.if_then_else(
+                            (full_chunks + jc) * _LANES + v < kv, exp2_nonpositive(
+                                S[i0 * _ROWS + r, (full_chunks + jc) * _LANES + v]
+                                * T.float32(_LOG2E) - mx[r]), T.float32(0))
+                        P[i0 * _ROWS + r, (full_chunks + jc) * _LANES + v] = _bits(
+                            S[i0 * _ROWS + r, (full_chunks + jc) * _LANES + v])
+                        mv[r, v] = mv[r, v] + S[i0 * _ROWS + r, (full_chunks + jc) * _LANES + v]
+                for r in T.unroll(_ROWS):
+                    ls[i0 * _ROWS + r] = T.float32(0)
+                    for v in T.unroll(_LANES):
+                        ls[i0 * _ROWS + r] = ls[i0 * _ROWS + r] + mv[r, v]
+                    ls[i0 * _ROWS + r] = T.float32(1) / ls[i0 * _ROWS + r]
             # O = P . V: A tiles 4-5 (P), B tiles 6-7 (VW).
             for ct2, mt in T.grid(d_tiles, m_tiles):
                 for ct in T.unroll(4):
@@ -167,7 +228,7 @@ def amx_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.P
                                 T.address_of(P[mt * 32 + a * 16, kt * 32]), T.int64(kvp * 2))
                     for n in T.unroll(2):
                         _intrin("tileloadd64", T.Cast("int8", 6 + n),
-                                T.address_of(VW[b, h, kt * 16, ct2 * 32 + n * 16]),
+                                T.address_of(VW[kt * 16, ct2 * 32 + n * 16]),
                                 T.int64(d * 4))
                     for ct in T.unroll(4):
                         _intrin("tdpbf16ps", T.Cast("int8", ct), T.Cast("int8", 4 + ct // 2),
