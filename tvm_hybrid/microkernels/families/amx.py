@@ -79,16 +79,18 @@ def amx_block_functions(kernel: Microkernel, mb: int, nb: int, kc: int):
                     T.address_of(C[mt * 32 + ct // 2 * 16, nt * 32 + ct % 2 * 16]),
                     T.Cast("int64", C.strides[0] * 4)))
             for kt in range(kb * k_per, kb * k_per + k_per):
-                for at in T.unroll(2):  # A tiles 4, 5: the two 16-row halves
-                    T.evaluate(T.call_llvm_intrin(
-                        "void", "llvm.x86.tileloadd64", T.Cast("int8", 4 + at),
-                        T.address_of(A[mt * 32 + at * 16, kt * step]),
-                        T.Cast("int64", A.strides[0] * esize)))
-                for bt in T.unroll(2):  # B tiles 6, 7: the two 16-column panels
-                    T.evaluate(T.call_llvm_intrin(
-                        "void", "llvm.x86.tileloadd64", T.Cast("int8", 6 + bt),
-                        T.address_of(B[nt * 2 + bt, kt * 16, 0, 0]), T.int64(64)))
+                # Loads interleaved with the products that need them (A0 B0 C00 B1 C01 A1
+                # C10 C11): a product starts while the next operand tile loads.
                 for ct in T.unroll(4):
+                    if ct == 0 or ct == 2:  # A tiles 4, 5: the two 16-row halves
+                        T.evaluate(T.call_llvm_intrin(
+                            "void", "llvm.x86.tileloadd64", T.Cast("int8", 4 + ct // 2),
+                            T.address_of(A[mt * 32 + ct // 2 * 16, kt * step]),
+                            T.Cast("int64", A.strides[0] * esize)))
+                    if ct < 2:  # B tiles 6, 7: the two 16-column panels
+                        T.evaluate(T.call_llvm_intrin(
+                            "void", "llvm.x86.tileloadd64", T.Cast("int8", 6 + ct),
+                            T.address_of(B[nt * 2 + ct, kt * 16, 0, 0]), T.int64(64)))
                     T.evaluate(T.call_llvm_intrin(
                         "void", dot, T.Cast("int8", ct), T.Cast("int8", 4 + ct // 2),
                         T.Cast("int8", 6 + ct % 2)))
