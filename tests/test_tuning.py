@@ -17,7 +17,7 @@ import tvm
 import tvm_hybrid
 from tvm_hybrid.bench import workloads
 from tvm_hybrid.cli import main as cli
-from tvm_hybrid.host import make_target
+from tvm_hybrid.host import host_target, make_target
 from tvm_hybrid.tuning import RPCError, RPCSettings, extract_tasks, load_records, tune
 from tvm_hybrid.tuning.measure import Measurer
 from tvm_hybrid.tuning.search import neighbourhood_search
@@ -431,6 +431,36 @@ def test_int8_attention_knobs_are_tuned_and_applied(tmp_path, target):
         (info,) = [k for k in model.kernels.values() if "fused attention" in k.detail]
         assert info.detail == knobs.describe()
         assert np.abs(np.asarray(model(**wl.inputs)) - reference).max() <= 3 * step
+
+
+@pytest.mark.requires("amx-tile", "amx-bf16", "avx512bf16")
+def test_amx_bf16_attention_knobs_are_tuned_and_applied(tmp_path):
+    """With ``precision="bf16"`` on an AMX host the attention's query blocks (32, 64, 128) are
+    measured on the AMX kernel (with the preparation's padded words as its operands), and
+    compiling with the records uses the kept block, within bf16's error of fp32."""
+    from tvm_hybrid.schedules.attention import AttentionShape, knobs_from_dict, variants
+    from tvm_hybrid.schedules.attention.heuristics import amx_query_block
+    from tvm_hybrid.schedules.gemm.heuristics import target_threads
+
+    wl = workloads.attention(1, 100, heads=2, head_dim=64)
+    target = host_target()
+    path = tune(wl.model, target, trials=6, work_dir=tmp_path, progress=False,
+                precision="bf16")
+    (record,) = load_records(path).attention.values()
+    shape = AttentionShape.from_key(record.key)
+    assert shape.bf16
+    candidates = variants(target, shape)
+    assert sorted(k.q_block for k in candidates) == [32, 64, 128]
+    assert candidates[0].qk.per_block
+    assert candidates[0].q_block == amx_query_block(shape, target_threads(target))
+    assert set(record.measured) == {k.key for k in candidates}
+    kept = knobs_from_dict(target, record.kept, shape)
+    assert kept is not None and kept.qk.per_block and kept.key in record.measured
+    model = tvm_hybrid.compile(wl.model, target, tuning_records=path, precision="bf16")
+    (info,) = [k for k in model.kernels.values() if "fused attention" in k.detail]
+    assert info.detail == kept.describe()
+    want = tvm_hybrid.compile(wl.model, target)(**wl.inputs)
+    assert np.abs(model(**wl.inputs) - want).max() <= 2e-2 * np.abs(want).max()
 
 
 @pytest.mark.requires("amx-tile", "amx-int8")

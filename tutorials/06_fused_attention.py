@@ -121,8 +121,9 @@ assert np.abs(compiled(**causal.inputs) - want).max() <= 3 * step
 # %%
 # With ``precision="bf16"`` on an AMD CPU with AVX512-BF16 (Zen 4, Zen 5) both products run on
 # ``vdpbf16ps`` (``schedules/attention/bf16_kernel.py``: bf16 operands and probabilities, fp32
-# sums and softmax); without a bf16 dot product, and on Intel CPUs, whose ``vdpbf16ps`` is no
-# faster than their fp32 FMAs, the attention stays fp32.
+# sums and softmax); on Intel CPUs with AMX on the tile unit (``amx_kernel.py``: ``tdpbf16ps``,
+# the same arithmetic); without a bf16 dot product, and on Intel CPUs without AMX, whose
+# ``vdpbf16ps`` is no faster than their fp32 FMAs, the attention stays fp32.
 small = workloads.attention(1, 64, heads=2)
 compiled = tvm_hybrid.compile(small.model, precision="bf16")
 print(compiled.kernels["hybrid_attention"].detail)
