@@ -13,6 +13,7 @@ any host.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
@@ -27,9 +28,16 @@ from tvm_hybrid import passes
 from tvm_hybrid.bench import workloads
 from tvm_hybrid.host import host_target
 from tvm_hybrid.passes.fuse_attention import ATTENTION_PREP, FUSED_ATTENTION
-from tvm_hybrid.schedules.attention import ATTENTION_ATTR, AttentionShape, choose_knobs
+from tvm_hybrid.schedules.attention import (
+    ATTENTION_ATTR,
+    AttentionShape,
+    choose_knobs,
+    fits,
+    variants,
+)
 from tvm_hybrid.schedules.attention.quantized_kernel import (
     attention_prep_kernel,
+    prep_dtypes,
     prep_shapes,
     quantized_attention_kernel,
 )
@@ -39,6 +47,9 @@ HASWELL = tvm_hybrid.make_target({"kind": "llvm", "mcpu": "haswell", "num-cores"
 ZNVER5 = tvm_hybrid.make_target({"kind": "llvm", "mcpu": "znver5", "num-cores": 2})
 ALDERLAKE = tvm_hybrid.make_target({"kind": "llvm", "mcpu": "alderlake", "num-cores": 2})
 NEHALEM = tvm_hybrid.make_target({"kind": "llvm", "mcpu": "nehalem", "num-cores": 2})
+#: AVX512-VNNI without AMX (the VNNI family on AMX hosts too).
+ICELAKE = {"kind": "llvm", "mcpu": "icelake-server", "num-cores": 2}
+SAPPHIRE = tvm_hybrid.make_target({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2})
 
 
 def _assert_close_to_integer(got, want, qt: Quantization, v8, steps: int = 3):
@@ -87,7 +98,8 @@ def _check_preparation(prepared, k8, v8, qt: Quantization, group: int):
 
 
 # The int8 families: VNNI where the host has it, AVX2's s16 form (compiled for Haswell) on any.
-FAMILIES = [pytest.param(None, "vnni", marks=pytest.mark.requires("avx512vnni"), id="vnni"),
+FAMILIES = [pytest.param(tvm_hybrid.make_target(ICELAKE), "vnni",
+                         marks=pytest.mark.requires(ICELAKE), id="vnni"),
             pytest.param(HASWELL, "avx2_s16", id="s16")]
 
 
@@ -172,6 +184,90 @@ def test_quantized_attention_kernel_applies_a_boolean_mask(target, isa, keep_if)
     # The mask matters: without it the result is far off.
     unmasked = workloads.quantized_attention_reference(q8, k8, v8, mask, 0.125, qt)
     assert np.abs(unmasked - want).max() > 10 * qt.p_scale * qt.v_scale * 255
+
+
+AMX_CASES = [
+    # (batch, heads, q_len, kv_len, layouts, masked, zero points q/k/v/p, causal)
+    (1, 2, 128, 128, ("bhsd",) * 4, True, (131, 120, 125, 0), False),
+    (2, 3, 197, 224, ("bshd", "bshd", "bhsd", "bshd"), True, (0, 255, 128, 0), False),
+    (1, 2, 33, 96, ("bshd", "bshd", "bhsd", "bshd"), False, (7, 200, 3, 128), False),  # s8 P
+    (2, 2, 40, 64, ("bhsd",) * 4, True, (130, 121, 127, 0), True),     # causal, then padding
+]
+
+
+@pytest.mark.requires("amx-tile", "amx-int8", "avx512vnni")
+@pytest.mark.parametrize("case", AMX_CASES, ids=lambda c: "x".join(map(str, c[:4])))
+def test_amx_int8_attention_is_exact_in_integers(case):
+    """Both products on ``tdpbusd`` tiles (``K``'s rows in place, ``V`` transposed by the
+    preparation, keys padded to 64 with zeros): the VNNI form's arithmetic, so the same
+    integer reference."""
+    batch, heads, q_len, kv_len, layouts, masked, (zq, zk, zv, zp), causal = case
+    d = 64
+    rng = np.random.default_rng(kv_len)
+    qt = Quantization(0.06, zq, 0.05, zk, 0.031, zv, 1 / 256, zp)
+    mask = cond = None
+    if masked:
+        mask = np.zeros((batch, 1, 1, kv_len), "float32")
+        for b in range(batch):
+            mask[b, ..., kv_len - 1 - 2 * b:] = -10000.0
+    if causal:
+        cond = np.tril(np.ones((q_len, kv_len), bool), kv_len - q_len)[None, None]
+    shape = AttentionShape(batch, heads, q_len, kv_len, d, *layouts, rank=4,
+                           mask_shape=None if mask is None else mask.shape,
+                           scale=1 / math.sqrt(d), quant=qt,
+                           cond_shape=None if cond is None else cond.shape, fill=-math.inf)
+    target = host_target()
+    knobs = choose_knobs(target, shape)
+    assert knobs is not None and knobs.qk.isa == "amx" and fits(shape, knobs)
+    mod = tvm.IRModule({
+        "prep": attention_prep_kernel(shape, 4, amx=True).with_attr("global_symbol", "prep"),
+        "attention": quantized_attention_kernel(shape, knobs).with_attr("global_symbol",
+                                                                        "attention")})
+    ex = tvm.compile(mod, target=target)
+    q8, k8, v8 = (rng.integers(0, 256, (batch, heads, n, d)).astype(np.uint8)
+                  for n in (q_len, kv_len, kv_len))
+    k_in = tvm.runtime.tensor(_to_layout(k8, layouts[1]))
+    prepared = [tvm.runtime.empty(s, t) for s, t in zip(prep_shapes(shape, 4, amx=True),
+                                                          prep_dtypes(4, amx=True))]
+    ex["prep"](k_in, tvm.runtime.tensor(_to_layout(v8, layouts[2])), *prepared)
+    vt = prepared[1].numpy()  # V transposed, keys padded to 64 with zeros
+    assert vt.shape[-1] % 64 == 0 and not vt[..., kv_len:].any()
+    np.testing.assert_array_equal(vt[..., :kv_len], v8.transpose(0, 1, 3, 2))
+    out = tvm.runtime.tensor(np.full(shape.tensor_shape(layouts[3], q_len), np.nan, "float32"))
+    extra = [tvm.runtime.tensor(m) for m in (mask, cond) if m is not None]
+    ex["attention"](tvm.runtime.tensor(_to_layout(q8, layouts[0])), k_in, *prepared, *extra,
+                    out)
+    got = out.numpy()
+    got = got if layouts[3] == "bhsd" else got.transpose(0, 2, 1, 3)
+    want = workloads.quantized_attention_reference(q8, k8, v8, mask, 1 / math.sqrt(d), qt,
+                                                   cond)
+    _assert_close_to_integer(got, want, qt, v8)
+
+
+def test_amx_int8_attention_compiles_to_tdpbusd_tiles():
+    """For Sapphire Rapids (compiled and read anywhere): both products on ``tdpbusd``; the
+    pass reads K in place and V transposed (u8); shapes AMX cannot take stay on VNNI."""
+    qt = Quantization(0.1, 1, 0.1, 2, 0.1, 3, 1 / 256, 0)
+    shape = AttentionShape(1, 2, 64, 128, 64, mask_shape=(1, 1, 1, 128), scale=0.125,
+                           quant=qt)
+    knobs = choose_knobs(SAPPHIRE, shape)
+    assert knobs.qk.isa == knobs.pv.isa == "amx" and knobs.q_block == 32  # 2 tasks a thread
+    assert "amx uint8 fused attention" in knobs.describe()
+    assert sorted(k.q_block for k in variants(SAPPHIRE, shape)) == [32, 64]
+    func = quantized_attention_kernel(shape, knobs)
+    asm = tvm.compile(tvm.IRModule({"attention": func.with_attr("global_symbol", "attention")}),
+                      target=SAPPHIRE).mod.inspect_source("s")
+    assert asm.count("tdpbusd") >= 8 and "tileloadd" in asm and "vpdpbusd" in asm  # QS sums
+    for other in (dataclasses.replace(shape, kv_len=100, mask_shape=(1, 1, 1, 100)),
+                  dataclasses.replace(shape, head_dim=32),
+                  dataclasses.replace(shape, k_layout="bhds")):
+        assert choose_knobs(SAPPHIRE, other).qk.isa == "avx512_vnni", other.describe()
+    fused = passes.FuseAttention(SAPPHIRE)(from_onnx(workloads.qdq_attention(2, 64,
+                                                                             heads=2).model))
+    kernel = next(f for gv, f in fused.functions.items() if gv.name_hint == FUSED_ATTENTION)
+    assert "amx uint8" in str(kernel.attrs[ATTENTION_ATTR])
+    # Q and K in u8, K's sums, V transposed (u8), V's sums, the mask.
+    assert _kernel_operands(fused) == ["uint8"] * 2 + ["int32", "uint8", "int32", "float32"]
 
 
 def test_int8_knobs_take_vnni_else_avx2_s16():

@@ -23,7 +23,8 @@ and ``V`` each ``dequantize`` of a per-tensor ``u8`` tensor (read through permut
 through ``quantize``/``dequantize`` pairs of the same parameters on either side of one), and
 ``P`` the ``dequantize(quantize(softmax(..)))`` of ``u8`` or ``s8``; it becomes the
 preparation kernel and the int8 kernel of ``schedules/attention/quantized_kernel.py`` on
-``u8`` operands (VNNI's ``vpdpbusd``, or AVX2's ``vpmaddwd`` on s16 words without it).
+``u8`` operands (AMX's ``tdpbusd`` tiles, VNNI's ``vpdpbusd``, or AVX2's ``vpmaddwd`` on s16
+words without them).
 With ``precision="bf16"`` an fp32 attention becomes the bf16 preparation and kernel of
 ``schedules/attention/bf16_kernel.py`` where the CPU has a bf16 dot product (AVX512-BF16)
 faster than its fp32 FMAs (AMD Zen 4 and 5; ``heuristics.bf16_attention_pays``), the same
@@ -58,6 +59,7 @@ from ..schedules.attention.bf16_kernel import (
 from ..schedules.attention.heuristics import bf16_attention_pays
 from ..schedules.attention.quantized_kernel import (
     attention_prep_kernel,
+    prep_dtypes,
     prep_shapes,
     quantized_attention_kernel,
 )
@@ -166,11 +168,12 @@ class _Fuser(TargetMutator):
             gvar = self.builder_.add_func(attention_kernel(shape, knobs), FUSED_ATTENTION)
             return relax.call_tir(gvar, operands, out)
         q, k, v, *masks = operands
-        group = knobs.qk.k_step
-        shapes = prep_shapes(shape, group)
-        prep = self.builder_.add_func(attention_prep_kernel(shape, group), ATTENTION_PREP)
+        group, amx = knobs.qk.k_step, knobs.qk.per_block
+        shapes = prep_shapes(shape, group, amx)
+        prep = self.builder_.add_func(attention_prep_kernel(shape, group, amx), ATTENTION_PREP)
         prepared = self.builder_.emit(relax.call_tir(
-            prep, [k, v], [relax.TensorType(s, "int32") for s in shapes]))
+            prep, [k, v], [relax.TensorType(s, t) for s, t in zip(shapes,
+                                                                 prep_dtypes(group, amx))]))
         parts = [self.builder_.emit(relax.TupleGetItem(prepared, i)) for i in range(len(shapes))]
         gvar = self.builder_.add_func(quantized_attention_kernel(shape, knobs), FUSED_ATTENTION)
         # VNNI reads K in place (its sums are compensations); s16 reads K's words instead.

@@ -43,6 +43,11 @@ dimension; both span the query block, and every key is one block (the kernel qua
 probabilities after the whole softmax). The tuner measures query blocks of one, two and four
 vectors with the two tallest ``qk`` and ``pv`` tiles of each (:func:`variants`).
 
+On CPUs with AMX (:func:`amx_int8_family`, :func:`amx_bf16_family`) int8 and bf16 attentions
+run on the tile unit where :func:`amx_applies` (``quantized_kernel.py``, ``amx_kernel.py``):
+blocks of 32, 64 or 128 queries (:func:`amx_query_block`), every key in one block; the tuner
+measures the three blocks.
+
 A bf16 attention (``shape.bf16``, ``precision="bf16"``) runs on the target's bf16 dot-product
 family (AVX512-BF16; :func:`bf16_family`, none without it: the attention then stays fp32) with
 the same structure (:func:`grouped_knobs`): two vectors of queries, tiles of at most
@@ -175,11 +180,28 @@ def amx_query_block(shape: AttentionShape, threads: int) -> int:
     return AMX_Q_BLOCKS[0]
 
 
+def amx_int8_family(target: Target):
+    """``target``'s AMX-INT8 family (``tdpbusd`` on tiles), or None; also None without
+    AVX512-VNNI, whose ``vpdpbusd`` sums the query block (every AMX CPU has it)."""
+    if "avx512vnni" not in target_features(target):
+        return None
+    return next((f for f in supported_families(target, "uint8") if f.first.per_block), None)
+
+
+def amx_applies(shape: AttentionShape) -> bool:
+    """Whether the AMX kernels compute ``shape``: the head dimension a whole number of tile
+    steps of ``K`` (32 bf16, 64 bytes in int8); int8 also reads ``K``'s rows in place as
+    tiles of 16, so whole 32-key blocks, not transposed."""
+    if shape.quant is not None:
+        return shape.head_dim % 64 == 0 and shape.kv_len % 32 == 0 and \
+            shape.k_layout != "bhds"
+    return shape.bf16 and shape.head_dim % 32 == 0
+
+
 def amx_knobs(family, shape: AttentionShape, q_block: int = 32) -> AttentionKnobs | None:
-    """The knobs of a bf16 ``shape`` on AMX ``family``'s 32 x 32 blocks: ``q_block`` queries
-    per task, every key in one block; None unless the head dimension is a multiple of 32 (one
-    tile step of ``K``)."""
-    if shape.head_dim % 32 or q_block % 32:
+    """The knobs of a bf16 or int8 ``shape`` on AMX ``family``'s 32 x 32 blocks: ``q_block``
+    queries per task, every key in one block; None unless :func:`amx_applies`."""
+    if not amx_applies(shape) or q_block % 32:
         return None
     tile = family.first
     return AttentionKnobs(dataclasses.replace(tile, nr=q_block), tile, shape.kv_len)
@@ -223,6 +245,9 @@ def _tiles(family, vectors: int, rows: int) -> list:
 
 
 def _int8_knobs(target: Target, shape: AttentionShape) -> AttentionKnobs | None:
+    amx = amx_int8_family(target)
+    if amx is not None and amx_applies(shape):  # else the vector family
+        return amx_knobs(amx, shape, amx_query_block(shape, target_threads(target)))
     family = int8_family(target)
     if family is None or shape.head_dim % family.first.k_step:
         return None
@@ -281,9 +306,9 @@ def fits(shape: AttentionShape, knobs: AttentionKnobs) -> bool:
     """Whether ``knobs`` can compute ``shape`` (the kernel covers every query and channel)."""
     qk, pv = knobs.qk, knobs.pv
     if qk.per_block or pv.per_block:
-        return (shape.bf16 and qk.per_block and pv.per_block
-                and qk.in_dtype == pv.in_dtype == "bfloat16" and qk.nr % 32 == 0
-                and shape.head_dim % 32 == 0 and knobs.k_block == shape.kv_len)
+        in_dtype = "uint8" if shape.quant is not None else "bfloat16"
+        return (qk.per_block and pv.per_block and qk.in_dtype == pv.in_dtype == in_dtype
+                and qk.nr % 32 == 0 and amx_applies(shape) and knobs.k_block == shape.kv_len)
     if shape.bf16:
         return (qk.k_step == pv.k_step == 2 and qk.in_dtype == pv.in_dtype == "bfloat16"
                 and qk.nr == pv.nr and qk.nr % qk.lanes == 0 and qk.fits_registers()
@@ -319,8 +344,8 @@ def variants(target: Target, shape: AttentionShape) -> list[AttentionKnobs]:
     heuristic = choose_knobs(target, shape)
     if heuristic is None:
         return []
-    if shape.bf16 and heuristic.qk.per_block:
-        family = amx_bf16_family(target)
+    if heuristic.qk.per_block:
+        family = amx_int8_family(target) if shape.quant is not None else amx_bf16_family(target)
         blocks = [heuristic] + [amx_knobs(family, shape, n) for n in AMX_Q_BLOCKS
                                 if n < shape.q_len + 32]
         return [k for k in dict.fromkeys(blocks) if k is not None and fits(shape, k)]
@@ -348,10 +373,10 @@ def knobs_from_dict(target: Target, data: dict,
     """The knobs :meth:`AttentionKnobs.as_dict` wrote, for ``target`` and (when given) an int8
     or bf16 ``shape``'s family (None when the family is not the one they were made for, or ``data``
     is not such a dict)."""
+    amx = isinstance(data, dict) and data.get("isa") == "amx"
     if shape is not None and shape.quant is not None:
-        family = int8_family(target)
+        family = amx_int8_family(target) if amx else int8_family(target)
     elif shape is not None and shape.bf16:
-        amx = isinstance(data, dict) and data.get("isa") == "amx"
         family = amx_bf16_family(target) if amx else bf16_family(target)
     else:
         family = best_vector_family(target, "float32")

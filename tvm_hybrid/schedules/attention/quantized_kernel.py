@@ -38,6 +38,16 @@ needed (``|(a - za)(b - zb)| <= 255 * 255``, a pair of them fits s32)::
     VW[g, c] = V[2g:2g + 2, c] - zv               # preparation
     O[c, i]  = VW[:, c] . PP[:, i]                                            # exact int32
 
+On CPUs with AMX-INT8 both products run on ``tdpbusd`` tiles in blocks of 2 x 2 16 x 16
+int32 accumulators, with the VNNI form's operands and compensations: ``S`` with ``K``'s rows
+(``u8``, read in place: 16 keys x 64 channels a tile) by ``QP``'s words (already the tile
+unit's ``B`` layout: 16 queries x 4 channels a row), ``O`` with ``VT``'s rows (``V``
+transposed by the preparation, ``u8``, keys padded to :data:`AMX_KEYS` with zeros) by
+``PP``'s words (padded with zero words). The tiles store 32 x 32 blocks to a scratch buffer
+that the same post-processing reads. It needs whole 32-key blocks, a head dimension that is
+a multiple of 64 and ``K`` not transposed (:func:`~.heuristics.amx_applies`); other shapes
+take the VNNI form.
+
 The integer parts are exact; the softmax is fp32 (``fast_exp``, a reciprocal of the sum), so a
 probability whose scaled value falls within float rounding of a quantization boundary may
 round to the neighbouring step (the tests measure how often).
@@ -51,6 +61,7 @@ import math
 from tvm import tirx
 from tvm.script import tirx as T
 
+from ...microkernels.families.amx import configure_tiles
 from ...microkernels.families.s16 import s16_update
 from ...microkernels.families.vnni import vnni_update
 from ...microkernels.tiles import grouped_updates
@@ -69,6 +80,12 @@ from .workload import AttentionShape, element_offset, row_strides
 #: The bytes ``0x80`` of a word: ``u8 ^ 0x80`` is ``u8 - 128`` as ``s8``.
 _SIGN_BITS = -0x7F7F7F80  # 0x80808080 as int32
 _ONES = 0x01010101
+#: Keys per AMX tile step of ``P . V`` (64 bytes): ``VT`` and ``PP`` are padded to a multiple.
+AMX_KEYS = 64
+
+
+def _tile(name: str, *args):
+    return T.evaluate(T.call_llvm_intrin("void", f"llvm.x86.{name}", *args))
 
 
 def _word(values: list, group: int):
@@ -81,21 +98,33 @@ def _word(values: list, group: int):
     return word | T.shift_left(values[-1], bits * (group - 1)) if group > 1 else word
 
 
-def prep_shapes(shape: AttentionShape, group: int = 4) -> tuple[tuple[int, ...], ...]:
+def prep_shapes(shape: AttentionShape, group: int = 4,
+                amx: bool = False) -> tuple[tuple[int, ...], ...]:
     """The shapes of the preparation's outputs (module docstring) for a family packing
-    ``group`` values per word: ``KS``, ``VW``, ``VS`` (VNNI, 4) or ``KW``, ``VW`` (s16, 2)."""
+    ``group`` values per word: ``KS``, ``VW``, ``VS`` (VNNI, 4), ``KS``, ``VT``, ``VS`` (AMX:
+    ``VT[c, j] = V[j, c]``, keys padded to :data:`AMX_KEYS`) or ``KW``, ``VW`` (s16, 2)."""
     b, h, kv, d = shape.batch, shape.heads, shape.kv_len, shape.head_dim
     if group == 2:
         return (b, h, d // 2, kv), (b, h, -(-kv // 2), d)
+    if amx:
+        return (b, h, kv), (b, h, d, -(-kv // AMX_KEYS) * AMX_KEYS), (b, h, d)
     return (b, h, kv), (b, h, -(-kv // 4), d), (b, h, d)
 
 
-def attention_prep_kernel(shape: AttentionShape, group: int = 4) -> tirx.PrimFunc:
-    """``K, V -> KS, VW, VS`` (``group`` 4, VNNI) or ``K, V -> KW, VW`` (``group`` 2, s16) of
-    a quantized attention (module docstring), parallel over ``(batch, head)``, vectorised over
-    channels."""
+def prep_dtypes(group: int = 4, amx: bool = False) -> tuple[str, ...]:
+    """The dtypes of :func:`prep_shapes`' tensors."""
+    if group == 2:
+        return "int32", "int32"
+    return "int32", "uint8" if amx else "int32", "int32"
+
+
+def attention_prep_kernel(shape: AttentionShape, group: int = 4,
+                          amx: bool = False) -> tirx.PrimFunc:
+    """``K, V -> KS, VW, VS`` (``group`` 4, VNNI), ``K, V -> KS, VT, VS`` (AMX) or
+    ``K, V -> KW, VW`` (``group`` 2, s16) of a quantized attention (module docstring), parallel
+    over ``(batch, head)``, vectorised over channels."""
     kv, d, heads = shape.kv_len, shape.head_dim, shape.heads
-    out_shapes = prep_shapes(shape, group)
+    out_shapes = prep_shapes(shape, group, amx)
     groups, tail = divmod(kv, group)
     layouts = {"k": shape.k_layout, "v": shape.v_layout}
     numel = {n: math.prod(shape.tensor_shape(layouts[n], kv)) for n in layouts}
@@ -152,10 +181,30 @@ def attention_prep_kernel(shape: AttentionShape, group: int = 4) -> tirx.PrimFun
         return prep_s16
 
     ks_shape, vw_shape, vs_shape = out_shapes
+    keys = vw_shape[3] if amx else kv
+
+    @T.macro
+    def values_transposed(Vf, VT, b, h):
+        # VT's row c is channel c's words of 4 keys: the VNNI words (built across channels,
+        # vectorised) transposed as 32-bit words, 4x fewer moves than bytes.
+        VW4 = T.alloc_buffer((keys // 4, d), "int32")
+        for g in range(groups):
+            for c in T.vectorized(d):
+                VW4[g, c] = value_word(Vf, b, h, g, c, group)
+        if tail > 0:
+            for c in T.vectorized(d):
+                VW4[groups, c] = value_word(Vf, b, h, groups, c, tail)
+        for g in range(keys // 4 - groups - (1 if tail > 0 else 0)):
+            for c in T.vectorized(d):
+                VW4[keys // 4 - 1 - g, c] = 0
+        VTw = T.decl_buffer((d, keys // 4), "int32", data=VT.data,
+                            elem_offset=(b * heads + h) * d * (keys // 4))
+        for c, g in T.grid(d, keys // 4):
+            VTw[c, g] = VW4[g, c]
 
     @T.prim_func(private=True)
     def prep(K: T.Buffer(k_shape, "uint8"), V: T.Buffer(v_shape, "uint8"),
-             KS: T.Buffer(ks_shape, "int32"), VW: T.Buffer(vw_shape, "int32"),
+             KS: T.Buffer(ks_shape, "int32"), VW: T.Buffer(vw_shape, prep_dtypes(4, amx)[1]),
              VS: T.Buffer(vs_shape, "int32")):
         T.func_attr(attrs)
         Kf = T.decl_buffer((numel["k"],), "uint8", data=K.data)
@@ -172,7 +221,10 @@ def attention_prep_kernel(shape: AttentionShape, group: int = 4) -> tirx.PrimFun
             for j in range(kv):
                 for c in T.vectorized(d):
                     VS[b, h, c] = VS[b, h, c] + value(Vf, b, h, j, c)
-            value_words(Vf, VW, b, h)
+            if amx:
+                values_transposed(Vf, VW, b, h)
+            else:
+                value_words(Vf, VW, b, h)
 
     return prep
 
@@ -189,6 +241,7 @@ def quantized_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> 
         raise ValueError(f"no int8 attention kernel for {shape.describe()}")
     qk, pv = knobs.qk, knobs.pv
     group = qk.k_step
+    amx = qk.per_block  # tdpbusd tiles: the VNNI form's arithmetic
     vnni = group == 4
     update = vnni_update if vnni else s16_update
     lanes = qk.lanes
@@ -197,6 +250,8 @@ def quantized_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> 
     q_blocks = -(-q_len // bq)
     tasks = shape.batch * heads * q_blocks
     words = -(-kv // group)
+    # P's words, with AMX padded to whole tile steps of zero words.
+    p_words = -(-kv // AMX_KEYS) * AMX_KEYS // group if amx else words
     groups, tail = divmod(kv, group)
     dg, vectors = d // group, bq // lanes
     # VNNI: Q shifted to s8, P less 128, zero points compensated by sums; s16: the words hold
@@ -210,11 +265,15 @@ def quantized_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> 
     layouts = {"q": shape.q_layout, "k": shape.k_layout, "o": shape.out_layout}
     numel = {n: math.prod(shape.tensor_shape(layouts[n], q_len if n != "k" else kv))
              for n in layouts}
-    prepared = prep_shapes(shape, group)
+    prepared = prep_shapes(shape, group, amx)
+    if amx and (kv % 32 or d % AMX_KEYS or bq % 32 or shape.k_layout == "bhds"):
+        raise ValueError(f"no AMX int8 attention kernel for {shape.describe()} with "
+                         f"{knobs.describe()}")
     # The keys' operand: K itself (u8, read in place) or its s16 words KW[b, h, d / 2, kv].
     keys_dtype, keys_numel = ("uint8", numel["k"]) if vnni else ("int32",
                                                                  math.prod(prepared[0]))
-    pv_tile = grouped_updates(pv, group * words, update(pv, a_words=True, b_words=True))
+    pv_tile = None if amx else grouped_updates(pv, group * words,
+                                                update(pv, a_words=True, b_words=True))
     dot_intrinsic = f"llvm.x86.avx512.vpdpbusd.{qk.vector_bits}"
 
     def at(name, b, h, row, col):
@@ -277,6 +336,81 @@ def quantized_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> 
                     mx[i] = T.max(mx[i], ST[row0 + jt * rows + j, i])
 
     @T.macro
+    def qk_amx(Kf, KS, M, C, QP, QS, ST, SA, mx, b, h, q0):
+        """Scores of every key on AMX tiles: ``K``'s rows (u8, in place) by ``QP``'s words,
+        32 keys by 32 queries a block, then as :func:`qk_tiles` post-processes them."""
+        for jt in range(kv // 32):
+            for mt in range(bq // 32):
+                for ct in T.unroll(4):
+                    _tile("tilezero", T.Cast("int8", ct))
+                for ds in range(d // AMX_KEYS):
+                    for a in T.unroll(2):
+                        _tile("tileloadd64", T.Cast("int8", 4 + a), T.address_of(
+                            Kf[at("k", b, h, jt * 32 + a * 16, ds * AMX_KEYS)]), T.int64(k_row))
+                    for n in T.unroll(2):
+                        _tile("tileloadd64", T.Cast("int8", 6 + n),
+                              T.address_of(QP[ds * 16, mt * 32 + n * 16]), T.int64(bq * 4))
+                    for ct in T.unroll(4):
+                        _tile("tdpbusd", T.Cast("int8", ct), T.Cast("int8", 4 + ct // 2),
+                              T.Cast("int8", 6 + ct % 2))
+                for ct in T.unroll(4):
+                    _tile("tilestored64", T.Cast("int8", ct),
+                          T.address_of(SA[ct // 2 * 16, mt * 32 + ct % 2 * 16]),
+                          T.int64(bq * 4))
+            for j in range(32):
+                for i in T.vectorized(bq):
+                    ST[jt * 32 + j, i] = apply_masks(
+                        shape, T.Cast("float32", score(SA, KS, QS, b, h, j, i, jt * 32 + j))
+                        * score_scale, M, C, b, h, T.min(q0 + i, q_len - 1), jt * 32 + j)
+                    mx[i] = T.max(mx[i], ST[jt * 32 + j, i])
+
+    @T.macro
+    def pv_amx(VT, VS, PP, PS, OT, SA, b, h):
+        """``P . V`` on AMX tiles: ``VT``'s rows (channels, u8) by ``PP``'s words, 32
+        channels by 32 queries a block, compensated as the VNNI form."""
+        for ct2 in range(d // 32):
+            for mt in range(bq // 32):
+                for ct in T.unroll(4):
+                    _tile("tilezero", T.Cast("int8", ct))
+                for kt in range(p_words // 16):
+                    for a in T.unroll(2):
+                        _tile("tileloadd64", T.Cast("int8", 4 + a),
+                              T.address_of(VT[b, h, ct2 * 32 + a * 16, kt * AMX_KEYS]),
+                              T.int64(p_words * 4))
+                    for n in T.unroll(2):
+                        _tile("tileloadd64", T.Cast("int8", 6 + n),
+                              T.address_of(PP[kt * 16, mt * 32 + n * 16]), T.int64(bq * 4))
+                    for ct in T.unroll(4):
+                        _tile("tdpbusd", T.Cast("int8", ct), T.Cast("int8", 4 + ct // 2),
+                              T.Cast("int8", 6 + ct % 2))
+                for ct in T.unroll(4):
+                    _tile("tilestored64", T.Cast("int8", ct),
+                          T.address_of(SA[ct // 2 * 16, mt * 32 + ct % 2 * 16]),
+                          T.int64(bq * 4))
+            for c in range(32):
+                for i in T.vectorized(bq):
+                    OT[ct2 * 32 + c, i] = T.Cast(
+                        "float32", output(SA, VS, PS, b, h, c, i, ct2 * 32 + c)) * out_scale
+
+    @T.macro
+    def pv_vector(VWf, VS, PP, PS, OT, b, h):
+        """``P . V`` on the vector family's tiles: channels by queries."""
+        for ct in range(d // pv.mr):
+            acc = T.alloc_buffer((pv.mr, bq), "int32")
+            for c in T.unroll(pv.mr):
+                for v in T.unroll(vectors):
+                    acc[c, T.ramp(v * lanes, 1, lanes)] = T.broadcast(T.int32(0), lanes)
+            values = T.decl_buffer((words, pv.mr), "int32", data=VWf.data,
+                                   elem_offset=(b * heads + h) * words * d + ct * pv.mr,
+                                   strides=[d, 1])
+            pv_tile(values, PP, acc)
+            for c in T.unroll(pv.mr):
+                for i in T.vectorized(bq):
+                    OT[ct * pv.mr + c, i] = T.Cast(
+                        "float32", output(acc, VS, PS, b, h, c, i, ct * pv.mr + c)
+                    ) * out_scale
+
+    @T.macro
     def pack_probs(ST, PQ, PP, PS, ls, g, count):
         """Probabilities of keys ``group * g .. + count`` quantized into the word ``PP[g]``."""
         for k in T.unroll(group):
@@ -299,7 +433,8 @@ def quantized_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> 
             QS = T.alloc_buffer((bq,), "int32")
             ST = T.alloc_buffer((kv, bq), "float32")
             PQ = T.alloc_buffer((group, bq), "int32")
-            PP = T.alloc_buffer((words, bq), "int32")
+            PP = T.alloc_buffer((p_words, bq), "int32")
+            SA = T.alloc_buffer((32, bq if amx else 1), "int32")
             PS = T.alloc_buffer((bq,), "int32")
             OT = T.alloc_buffer((d, bq), "float32")
             mx = T.alloc_buffer((bq,), "float32")
@@ -329,9 +464,14 @@ def quantized_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> 
                 for i in T.vectorized(bq):
                     QS[i] = zk * QS[i] - d * zk * zq
             # Scores of every key (whole tiles, then a remainder tile), then the softmax.
-            qk_tiles(Kf, KS, M, C, QP, QS, ST, mx, b, h, q0, 0, qk.mr, kv // qk.mr)
-            if kv % qk.mr > 0:
-                qk_tiles(Kf, KS, M, C, QP, QS, ST, mx, b, h, q0, kv - kv % qk.mr, kv % qk.mr, 1)
+            if amx:
+                configure_tiles()  # per thread: once per task
+                qk_amx(Kf, KS, M, C, QP, QS, ST, SA, mx, b, h, q0)
+            else:
+                qk_tiles(Kf, KS, M, C, QP, QS, ST, mx, b, h, q0, 0, qk.mr, kv // qk.mr)
+                if kv % qk.mr > 0:
+                    qk_tiles(Kf, KS, M, C, QP, QS, ST, mx, b, h, q0, kv - kv % qk.mr,
+                             kv % qk.mr, 1)
             for j in range(kv):
                 for i in T.vectorized(bq):
                     ST[j, i] = fast_exp(ST[j, i] - mx[i])
@@ -342,21 +482,14 @@ def quantized_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> 
                 pack_probs(ST, PQ, PP, PS, ls, g, group)
             if tail > 0:
                 pack_probs(ST, PQ, PP, PS, ls, groups, tail)
+            for g, i in T.grid(p_words - words, bq):
+                PP[words + g, i] = 0
             # P.V, channels by queries, then the output rows.
-            for ct in range(d // pv.mr):
-                acc = T.alloc_buffer((pv.mr, bq), "int32")
-                for c in T.unroll(pv.mr):
-                    for v in T.unroll(vectors):
-                        acc[c, T.ramp(v * lanes, 1, lanes)] = T.broadcast(T.int32(0), lanes)
-                values = T.decl_buffer((words, pv.mr), "int32", data=VWf.data,
-                                       elem_offset=(b * heads + h) * words * d + ct * pv.mr,
-                                       strides=[d, 1])
-                pv_tile(values, PP, acc)
-                for c in T.unroll(pv.mr):
-                    for i in T.vectorized(bq):
-                        OT[ct * pv.mr + c, i] = T.Cast(
-                            "float32", output(acc, VS, PS, b, h, c, i, ct * pv.mr + c)
-                        ) * out_scale
+            if amx:
+                pv_amx(VW, VS, PP, PS, OT, SA, b, h)
+                _tile("tilerelease")
+            else:
+                pv_vector(VWf, VS, PP, PS, OT, b, h)
             for i in range(bq):
                 if q0 + i < q_len:
                     for c in T.vectorized(d):
@@ -371,11 +504,12 @@ def quantized_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> 
     # dropped from the parameters below.
     keys_shape = k_shape if vnni else prepared[0]
     ks_shape, vw_shape, vs_shape = prepared if vnni else ((1,), prepared[1], (1,))
+    vw_dtype = prep_dtypes(group, amx)[1]
     m_shape, c_shape = shape.mask_shape or (1,), shape.cond_shape or (1,)
 
     @T.prim_func(private=True)
     def kernel(Q: T.Buffer(q_shape, "uint8"), K: T.Buffer(keys_shape, keys_dtype),
-               KS: T.Buffer(ks_shape, "int32"), VW: T.Buffer(vw_shape, "int32"),
+               KS: T.Buffer(ks_shape, "int32"), VW: T.Buffer(vw_shape, vw_dtype),
                VS: T.Buffer(vs_shape, "int32"), M: T.Buffer(m_shape, "float32"),
                C: T.Buffer(c_shape, "bool"), Out: T.Buffer(o_shape, "float32")):
         T.func_attr(attrs)
