@@ -97,6 +97,29 @@ def _check_preparation(prepared, k8, v8, qt: Quantization, group: int):
     np.testing.assert_array_equal(vw, pairs.view(np.int32)[..., 0])
 
 
+def _run_kernel(shape, knobs, target, layouts, q8, k8, v8, masks):
+    """Compile and run the preparation and the kernel of ``knobs`` (operands ``[b, h, s,
+    d]``, given in ``layouts``; ``masks`` the additive and boolean ones, None where absent):
+    ``(the preparation's outputs, the output as [b, h, s, d])``."""
+    group, amx = knobs.qk.k_step, knobs.qk.per_block
+    mod = tvm.IRModule({
+        "prep": attention_prep_kernel(shape, group, amx).with_attr("global_symbol", "prep"),
+        "attention": quantized_attention_kernel(shape, knobs).with_attr("global_symbol",
+                                                                        "attention")})
+    ex = tvm.compile(mod, target=target)
+    k_in = tvm.runtime.tensor(_to_layout(k8, layouts[1]))
+    prepared = [tvm.runtime.empty(s, t) for s, t in zip(prep_shapes(shape, group, amx),
+                                                          prep_dtypes(group, amx))]
+    ex["prep"](k_in, tvm.runtime.tensor(_to_layout(v8, layouts[2])), *prepared)
+    out = tvm.runtime.tensor(np.full(shape.tensor_shape(layouts[3], shape.q_len), np.nan,
+                                     "float32"))
+    ex["attention"](tvm.runtime.tensor(_to_layout(q8, layouts[0])),
+                    *([k_in] if group == 4 else []), *prepared,
+                    *(tvm.runtime.tensor(m) for m in masks if m is not None), out)
+    got = out.numpy()
+    return prepared, got if layouts[3] == "bhsd" else got.transpose(0, 2, 1, 3)
+
+
 # The int8 families: VNNI where the host has it, AVX2's s16 form (compiled for Haswell) on any.
 FAMILIES = [pytest.param(tvm_hybrid.make_target(ICELAKE), "vnni",
                          marks=pytest.mark.requires(ICELAKE), id="vnni"),
@@ -123,23 +146,10 @@ def test_quantized_attention_kernel_is_exact_in_integers(case, target, isa):
     knobs = choose_knobs(target, shape)
     assert knobs is not None and knobs.qk.isa.endswith(isa), shape.describe()
     group = knobs.qk.k_step
-    mod = tvm.IRModule({
-        "prep": attention_prep_kernel(shape, group).with_attr("global_symbol", "prep"),
-        "attention": quantized_attention_kernel(shape, knobs).with_attr("global_symbol",
-                                                                        "attention")})
-    ex = tvm.compile(mod, target=target)
     q8, k8, v8 = (rng.integers(0, 256, (batch, heads, n, d)).astype(np.uint8)
                   for n in (q_len, kv_len, kv_len))
-    k_in = tvm.runtime.tensor(_to_layout(k8, layouts[1]))
-    prepared = [tvm.runtime.empty(s, "int32") for s in prep_shapes(shape, group)]
-    ex["prep"](k_in, tvm.runtime.tensor(_to_layout(v8, layouts[2])), *prepared)
+    prepared, got = _run_kernel(shape, knobs, target, layouts, q8, k8, v8, [mask])
     _check_preparation(prepared, k8, v8, qt, group)
-    out = tvm.runtime.tensor(np.full(shape.tensor_shape(layouts[3], q_len), np.nan, "float32"))
-    args = [tvm.runtime.tensor(_to_layout(q8, layouts[0])), *([k_in] if group == 4 else []),
-            *prepared]
-    ex["attention"](*args, *([tvm.runtime.tensor(mask)] if masked else []), out)
-    got = out.numpy()
-    got = got if layouts[3] == "bhsd" else got.transpose(0, 2, 1, 3)
     want = workloads.quantized_attention_reference(q8, k8, v8, mask, 1 / math.sqrt(d), qt)
     _assert_close_to_integer(got, want, qt, v8)
 
@@ -219,26 +229,12 @@ def test_amx_int8_attention_is_exact_in_integers(case):
     target = host_target()
     knobs = choose_knobs(target, shape)
     assert knobs is not None and knobs.qk.isa == "amx" and fits(shape, knobs)
-    mod = tvm.IRModule({
-        "prep": attention_prep_kernel(shape, 4, amx=True).with_attr("global_symbol", "prep"),
-        "attention": quantized_attention_kernel(shape, knobs).with_attr("global_symbol",
-                                                                        "attention")})
-    ex = tvm.compile(mod, target=target)
     q8, k8, v8 = (rng.integers(0, 256, (batch, heads, n, d)).astype(np.uint8)
                   for n in (q_len, kv_len, kv_len))
-    k_in = tvm.runtime.tensor(_to_layout(k8, layouts[1]))
-    prepared = [tvm.runtime.empty(s, t) for s, t in zip(prep_shapes(shape, 4, amx=True),
-                                                          prep_dtypes(4, amx=True))]
-    ex["prep"](k_in, tvm.runtime.tensor(_to_layout(v8, layouts[2])), *prepared)
+    prepared, got = _run_kernel(shape, knobs, target, layouts, q8, k8, v8, [mask, cond])
     vt = prepared[1].numpy()  # V transposed, keys padded to 64 with zeros
     assert vt.shape[-1] % 64 == 0 and not vt[..., kv_len:].any()
     np.testing.assert_array_equal(vt[..., :kv_len], v8.transpose(0, 1, 3, 2))
-    out = tvm.runtime.tensor(np.full(shape.tensor_shape(layouts[3], q_len), np.nan, "float32"))
-    extra = [tvm.runtime.tensor(m) for m in (mask, cond) if m is not None]
-    ex["attention"](tvm.runtime.tensor(_to_layout(q8, layouts[0])), k_in, *prepared, *extra,
-                    out)
-    got = out.numpy()
-    got = got if layouts[3] == "bhsd" else got.transpose(0, 2, 1, 3)
     want = workloads.quantized_attention_reference(q8, k8, v8, mask, 1 / math.sqrt(d), qt,
                                                    cond)
     _assert_close_to_integer(got, want, qt, v8)

@@ -53,6 +53,46 @@ def configure_tiles():
     T.evaluate(T.call_llvm_intrin("void", "llvm.x86.ldtilecfg", T.address_of(cfg[0])))
 
 
+def _tile_op(name: str, *args):
+    return T.evaluate(T.call_llvm_intrin("void", f"llvm.x86.{name}", *args))
+
+
+def block_product(dot: str, steps: int, a_tile, a_stride: int, b_tile, b_stride: int,
+                  c_tile, c_stride: int):
+    """A macro ``product(A, B, C, row, col)``: one 32 x 32 block ``C = A . B`` from zero on
+    tiles configured by :func:`configure_tiles`, for kernels that are not GEMM blocks (fused
+    attention). Accumulators in tiles 0-3 (row half, column half), ``A``'s two 16-row halves
+    in 4-5 and ``B``'s two 16-column panels in 6-7 at each of ``steps`` tile steps; ``dot`` is
+    ``"tdpbusd"`` or ``"tdpbf16ps"``. ``a_tile(A, row, half, step)``,
+    ``b_tile(B, col, half, step)`` and ``c_tile(C, row, col, tile)`` give the element where a
+    tile starts, the strides are in bytes."""
+
+    @T.macro
+    def product(A, B, C, row, col):
+        for ct in T.unroll(4):
+            _tile_op("tilezero", T.Cast("int8", ct))
+        for step in range(steps):
+            for a in T.unroll(2):
+                _tile_op("tileloadd64", T.Cast("int8", 4 + a),
+                         T.address_of(a_tile(A, row, a, step)), T.int64(a_stride))
+            for n in T.unroll(2):
+                _tile_op("tileloadd64", T.Cast("int8", 6 + n),
+                         T.address_of(b_tile(B, col, n, step)), T.int64(b_stride))
+            for ct in T.unroll(4):
+                _tile_op(dot, T.Cast("int8", ct), T.Cast("int8", 4 + ct // 2),
+                         T.Cast("int8", 6 + ct % 2))
+        for ct in T.unroll(4):
+            _tile_op("tilestored64", T.Cast("int8", ct),
+                     T.address_of(c_tile(C, row, col, ct)), T.int64(c_stride))
+
+    return product
+
+
+def release_tiles():
+    """``tilerelease``: the end of a thread's use of the tiles."""
+    return _tile_op("tilerelease")
+
+
 def amx_block_functions(kernel: Microkernel, mb: int, nb: int, kc: int):
     """``C[mb, nb] += A[mb, kc] * B[nb / 16, kc / g, 16, g]`` on AMX tiles (module docstring)."""
     in_dtype = kernel.in_dtype

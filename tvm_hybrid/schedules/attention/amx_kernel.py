@@ -39,16 +39,12 @@ import math
 from tvm import tirx
 from tvm.script import tirx as T
 
-from ...microkernels.families.amx import configure_tiles
-from .bf16_kernel import _rounded, bf16_prep_shapes
+from ...microkernels.families.amx import block_product, configure_tiles, release_tiles
+from .bf16_kernel import _rounded, bf16_prep_shapes, words_kernel
 from .heuristics import AttentionKnobs
 from .kernel import (
     _LOWEST,
-    ATTENTION_ATTR,
-    FLOPS_ATTR,
-    SHAPE_ATTR,
     apply_masks,
-    kept_params,
 )
 from .workload import AttentionShape, element_offset
 
@@ -99,10 +95,6 @@ def _bits(x):
     return T.Cast("uint16", T.shift_right(_rounded(x), 16))
 
 
-def _intrin(name: str, *args):
-    return T.evaluate(T.call_llvm_intrin("void", f"llvm.x86.{name}", *args))
-
-
 def amx_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.PrimFunc:
     """The AMX bf16 attention PrimFunc of ``shape`` with ``knobs`` (module docstring).
 
@@ -130,6 +122,20 @@ def amx_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.P
     def at(name, b, h, row, col):
         return element_offset(layouts[name], shape, q_len, b, h, row, col)
 
+    def rows_at(A, row, half, step):  # 16 rows of 32 bf16 (A tiles of QB, P)
+        return A[row * 32 + half * 16, step * 32]
+
+    def words_at(B, col, half, step):  # 16 rows of 16 words (B tiles of KW, VW)
+        return B[step * 16, col * 32 + half * 16]
+
+    def block_at(C, row, col, tile):
+        return C[row * 32 + tile // 2 * 16, col * 32 + tile % 2 * 16]
+
+    scores = block_product("tdpbf16ps", d_steps, rows_at, d * 2, words_at, kvp * 4, block_at,
+                           kvp * 4)
+    values = block_product("tdpbf16ps", key_tiles, rows_at, kvp * 2, words_at, d * 4, block_at,
+                           d * 4)
+
     @T.macro
     def body(Q, KWs, VWs, M, C, Out):
         Qf = T.decl_buffer((numel["q"],), "float32", data=Q.data)
@@ -155,25 +161,9 @@ def amx_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.P
             for i, c in T.grid(bq, d // _LANES):
                 QB[i, T.ramp(c * _LANES, 1, _LANES)] = _bf16_vector(Qf[T.ramp(
                     at("q", b, h, T.min(q0 + i, q_len - 1), c * _LANES), 1, _LANES)])
-            # S = Q . K^T: 2 x 2 accumulator tiles (0-3), A tiles 4-5 (QB), B tiles 6-7 (KW).
+            # S = Q . K^T: 32 x 32 blocks, A = QB's rows, B = KW's words.
             for jt, mt in T.grid(key_tiles, m_tiles):
-                for ct in T.unroll(4):
-                    _intrin("tilezero", T.Cast("int8", ct))
-                for ds in range(d_steps):
-                    for a in T.unroll(2):
-                        _intrin("tileloadd64", T.Cast("int8", 4 + a),
-                                T.address_of(QB[mt * 32 + a * 16, ds * 32]), T.int64(d * 2))
-                    for n in T.unroll(2):
-                        _intrin("tileloadd64", T.Cast("int8", 6 + n),
-                                T.address_of(KW[ds * 16, jt * 32 + n * 16]),
-                                T.int64(kvp * 4))
-                    for ct in T.unroll(4):
-                        _intrin("tdpbf16ps", T.Cast("int8", ct), T.Cast("int8", 4 + ct // 2),
-                                T.Cast("int8", 6 + ct % 2))
-                for ct in T.unroll(4):
-                    _intrin("tilestored64", T.Cast("int8", ct),
-                            T.address_of(S[mt * 32 + ct // 2 * 16, jt * 32 + ct % 2 * 16]),
-                            T.int64(kvp * 4))
+                scores(QB, KW, S, mt, jt)
             # The softmax of each row in fp32, rows in groups whose reductions across lanes
             # (serial chains) overlap; padded keys get probability 0.
             for i0 in range(bq // _ROWS):
@@ -218,43 +208,13 @@ def amx_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.P
                     for v in T.unroll(_LANES):
                         ls[i0 * _ROWS + r] = ls[i0 * _ROWS + r] + mv[r, v]
                     ls[i0 * _ROWS + r] = T.float32(1) / ls[i0 * _ROWS + r]
-            # O = P . V: A tiles 4-5 (P), B tiles 6-7 (VW).
+            # O = P . V: A = P's rows, B = VW's words.
             for ct2, mt in T.grid(d_tiles, m_tiles):
-                for ct in T.unroll(4):
-                    _intrin("tilezero", T.Cast("int8", ct))
-                for kt in range(key_tiles):
-                    for a in T.unroll(2):
-                        _intrin("tileloadd64", T.Cast("int8", 4 + a),
-                                T.address_of(P[mt * 32 + a * 16, kt * 32]), T.int64(kvp * 2))
-                    for n in T.unroll(2):
-                        _intrin("tileloadd64", T.Cast("int8", 6 + n),
-                                T.address_of(VW[kt * 16, ct2 * 32 + n * 16]),
-                                T.int64(d * 4))
-                    for ct in T.unroll(4):
-                        _intrin("tdpbf16ps", T.Cast("int8", ct), T.Cast("int8", 4 + ct // 2),
-                                T.Cast("int8", 6 + ct % 2))
-                for ct in T.unroll(4):
-                    _intrin("tilestored64", T.Cast("int8", ct),
-                            T.address_of(OB[mt * 32 + ct // 2 * 16, ct2 * 32 + ct % 2 * 16]),
-                            T.int64(d * 4))
-            _intrin("tilerelease")
+                values(P, VW, OB, mt, ct2)
+            release_tiles()
             for i in range(bq):
                 if q0 + i < q_len:
                     for c in T.vectorized(d):
                         Of[at("o", b, h, q0 + i, c)] = OB[i, c] * ls[i]
 
-    attrs = {"tirx.noalias": True, "tirx.is_scheduled": True, "op_pattern": 8,
-             ATTENTION_ATTR: knobs.describe(), FLOPS_ATTR: shape.flops, SHAPE_ATTR: shape.key}
-    q_shape, o_shape = (shape.tensor_shape(layouts[n], q_len) for n in ("q", "o"))
-    m_shape, c_shape = shape.mask_shape or (1,), shape.cond_shape or (1,)
-
-    # One signature; absent masks are declared with one element, never read, and dropped.
-    @T.prim_func(private=True)
-    def kernel(Q: T.Buffer(q_shape, "float32"), KW: T.Buffer(kw_shape, "int32"),
-               VW: T.Buffer(vw_shape, "int32"), M: T.Buffer(m_shape, "float32"),
-               C: T.Buffer(c_shape, "bool"), Out: T.Buffer(o_shape, "float32")):
-        T.func_attr(attrs)
-        body(Q, KW, VW, M, C, Out)
-
-    kept = [True, True, True, shape.mask_shape is not None, shape.cond_shape is not None, True]
-    return kept_params(kernel, kept)
+    return words_kernel(shape, knobs, body, kw_shape, vw_shape)

@@ -229,9 +229,17 @@ def bf16_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.
                     for c in T.vectorized(d):
                         Of[at("o", b, h, q0 + i, c)] = OT[c, i]
 
+    return words_kernel(shape, knobs, body, kw_shape, vw_shape)
+
+
+def words_kernel(shape: AttentionShape, knobs: AttentionKnobs, body, kw_shape: tuple,
+                 vw_shape: tuple) -> tirx.PrimFunc:
+    """The PrimFunc of a kernel on the preparation's words: ``body(Q, KW, VW, M, C, Out)``
+    (a macro) with the attention's attributes; the masks ``shape`` lacks are not parameters."""
     attrs = {"tirx.noalias": True, "tirx.is_scheduled": True, "op_pattern": 8,
              ATTENTION_ATTR: knobs.describe(), FLOPS_ATTR: shape.flops, SHAPE_ATTR: shape.key}
-    q_shape, o_shape = (shape.tensor_shape(layouts[n], q_len) for n in ("q", "o"))
+    q_shape, o_shape = (shape.tensor_shape(layout, shape.q_len)
+                        for layout in (shape.q_layout, shape.out_layout))
     m_shape, c_shape = shape.mask_shape or (1,), shape.cond_shape or (1,)
 
     # One signature; absent masks are declared with one element, never read, and dropped.

@@ -61,7 +61,7 @@ import math
 from tvm import tirx
 from tvm.script import tirx as T
 
-from ...microkernels.families.amx import configure_tiles
+from ...microkernels.families.amx import block_product, configure_tiles, release_tiles
 from ...microkernels.families.s16 import s16_update
 from ...microkernels.families.vnni import vnni_update
 from ...microkernels.tiles import grouped_updates
@@ -82,10 +82,6 @@ _SIGN_BITS = -0x7F7F7F80  # 0x80808080 as int32
 _ONES = 0x01010101
 #: Keys per AMX tile step of ``P . V`` (64 bytes): ``VT`` and ``PP`` are padded to a multiple.
 AMX_KEYS = 64
-
-
-def _tile(name: str, *args):
-    return T.evaluate(T.call_llvm_intrin("void", f"llvm.x86.{name}", *args))
 
 
 def _word(values: list, group: int):
@@ -335,28 +331,29 @@ def quantized_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> 
                         M, C, b, h, T.min(q0 + i, q_len - 1), row0 + jt * rows + j)
                     mx[i] = T.max(mx[i], ST[row0 + jt * rows + j, i])
 
+    def rows_at(A, row, half, step):  # 16 rows of 64 bytes (A tiles of K, VT)
+        return A[row * 32 + half * 16, step * AMX_KEYS]
+
+    def words_at(B, col, half, step):  # 16 rows of 16 words (B tiles of QP, PP)
+        return B[step * 16, col * 32 + half * 16]
+
+    def block_at(C, row, col, tile):  # the scratch block SA: 32 rows by the query block
+        return C[tile // 2 * 16, col * 32 + tile % 2 * 16]
+
+    amx_scores = block_product("tdpbusd", d // AMX_KEYS, rows_at, k_row, words_at, bq * 4,
+                               block_at, bq * 4)
+    amx_values = block_product("tdpbusd", p_words // 16, rows_at, p_words * 4, words_at,
+                               bq * 4, block_at, bq * 4)
+
     @T.macro
     def qk_amx(Kf, KS, M, C, QP, QS, ST, SA, mx, b, h, q0):
         """Scores of every key on AMX tiles: ``K``'s rows (u8, in place) by ``QP``'s words,
         32 keys by 32 queries a block, then as :func:`qk_tiles` post-processes them."""
+        Kh = T.decl_buffer((kv, d), "uint8", data=Kf.data, elem_offset=at("k", b, h, 0, 0),
+                           strides=[k_row, 1])
         for jt in range(kv // 32):
             for mt in range(bq // 32):
-                for ct in T.unroll(4):
-                    _tile("tilezero", T.Cast("int8", ct))
-                for ds in range(d // AMX_KEYS):
-                    for a in T.unroll(2):
-                        _tile("tileloadd64", T.Cast("int8", 4 + a), T.address_of(
-                            Kf[at("k", b, h, jt * 32 + a * 16, ds * AMX_KEYS)]), T.int64(k_row))
-                    for n in T.unroll(2):
-                        _tile("tileloadd64", T.Cast("int8", 6 + n),
-                              T.address_of(QP[ds * 16, mt * 32 + n * 16]), T.int64(bq * 4))
-                    for ct in T.unroll(4):
-                        _tile("tdpbusd", T.Cast("int8", ct), T.Cast("int8", 4 + ct // 2),
-                              T.Cast("int8", 6 + ct % 2))
-                for ct in T.unroll(4):
-                    _tile("tilestored64", T.Cast("int8", ct),
-                          T.address_of(SA[ct // 2 * 16, mt * 32 + ct % 2 * 16]),
-                          T.int64(bq * 4))
+                amx_scores(Kh, QP, SA, jt, mt)
             for j in range(32):
                 for i in T.vectorized(bq):
                     ST[jt * 32 + j, i] = apply_masks(
@@ -368,25 +365,11 @@ def quantized_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> 
     def pv_amx(VT, VS, PP, PS, OT, SA, b, h):
         """``P . V`` on AMX tiles: ``VT``'s rows (channels, u8) by ``PP``'s words, 32
         channels by 32 queries a block, compensated as the VNNI form."""
+        VTh = T.decl_buffer((d, p_words * 4), "uint8", data=VT.data,
+                            elem_offset=(b * heads + h) * d * p_words * 4)
         for ct2 in range(d // 32):
             for mt in range(bq // 32):
-                for ct in T.unroll(4):
-                    _tile("tilezero", T.Cast("int8", ct))
-                for kt in range(p_words // 16):
-                    for a in T.unroll(2):
-                        _tile("tileloadd64", T.Cast("int8", 4 + a),
-                              T.address_of(VT[b, h, ct2 * 32 + a * 16, kt * AMX_KEYS]),
-                              T.int64(p_words * 4))
-                    for n in T.unroll(2):
-                        _tile("tileloadd64", T.Cast("int8", 6 + n),
-                              T.address_of(PP[kt * 16, mt * 32 + n * 16]), T.int64(bq * 4))
-                    for ct in T.unroll(4):
-                        _tile("tdpbusd", T.Cast("int8", ct), T.Cast("int8", 4 + ct // 2),
-                              T.Cast("int8", 6 + ct % 2))
-                for ct in T.unroll(4):
-                    _tile("tilestored64", T.Cast("int8", ct),
-                          T.address_of(SA[ct // 2 * 16, mt * 32 + ct % 2 * 16]),
-                          T.int64(bq * 4))
+                amx_values(VTh, PP, SA, ct2, mt)
             for c in range(32):
                 for i in T.vectorized(bq):
                     OT[ct2 * 32 + c, i] = T.Cast(
@@ -487,7 +470,7 @@ def quantized_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> 
             # P.V, channels by queries, then the output rows.
             if amx:
                 pv_amx(VW, VS, PP, PS, OT, SA, b, h)
-                _tile("tilerelease")
+                release_tiles()
             else:
                 pv_vector(VWf, VS, PP, PS, OT, b, h)
             for i in range(bq):
