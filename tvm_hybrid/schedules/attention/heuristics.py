@@ -80,7 +80,7 @@ KEY_BLOCK = 128
 INT8_ROWS = 4
 #: The most rows of a bf16 attention tile (8 x 32 fp32 accumulators: 1 KiB, 16 zmm).
 BF16_ROWS = 8
-#: Queries per task of an AMX bf16 attention (:func:`amx_query_block`; the tuner measures all).
+#: Queries per task of an AMX attention (:func:`amx_query_block`; the tuner measures all).
 AMX_Q_BLOCKS = (32, 64, 128)
 #: The most bytes of scores an AMX attention task keeps (``q_block x keys`` fp32; L2 holds them).
 AMX_SCORE_BYTES = 512 * 1024
@@ -169,8 +169,8 @@ def amx_query_block(shape: AttentionShape, threads: int) -> int:
     scores (``q_block x keys`` fp32) stay within :data:`AMX_SCORE_BYTES`; else 32.
 
     Larger blocks convert and load fewer tiles per query: on a 2-core Emerald Rapids VM (BERT
-    heads, one process) 128 queries ran 5-10% faster than 32 at b1 s384, b8 s128, b32 s128 and
-    b8 s512 (16 heads), and within noise at b1 s128."""
+    heads in bf16, one process) 128 queries ran 5-10% faster than 32 at b1 s384, b8 s128, b32
+    s128 and b8 s512 (16 heads), and within noise at b1 s128. int8 takes the same rule."""
     keys = -(-shape.kv_len // 32) * 32
     for q_block in AMX_Q_BLOCKS[::-1]:
         tasks = shape.batch * shape.heads * -(-shape.q_len // q_block)
