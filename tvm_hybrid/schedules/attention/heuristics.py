@@ -191,10 +191,9 @@ def amx_int8_family(target: Target):
 def amx_applies(shape: AttentionShape) -> bool:
     """Whether the AMX kernels compute ``shape``: the head dimension a whole number of tile
     steps of ``K`` (32 bf16, 64 bytes in int8); int8 also reads ``K``'s rows in place as
-    tiles of 16, so whole 32-key blocks, not transposed."""
+    tiles, so not transposed."""
     if shape.quant is not None:
-        return shape.head_dim % 64 == 0 and shape.kv_len % 32 == 0 and \
-            shape.k_layout != "bhds"
+        return shape.head_dim % 64 == 0 and shape.k_layout != "bhds"
     return shape.bf16 and shape.head_dim % 32 == 0
 
 
