@@ -397,11 +397,10 @@ def test_attention_knobs_are_tuned_and_applied(tmp_path, target, caplog):
 def test_int8_attention_knobs_are_tuned_and_applied(tmp_path, target):
     """A QDQ attention's knobs (query block, ``qk`` and ``pv`` tiles of the host's int8
     family) are searched like the fp32 ones; compiling with the records uses the kept knobs,
-    which still give the integer reference's result. (Heads of 32 channels: the vector
-    family's knobs on AMX hosts too, where 64 would take the AMX kernel.)"""
+    which still give the integer reference's result."""
     from tvm_hybrid.schedules.attention import AttentionShape, knobs_from_dict, variants
 
-    wl = workloads.qdq_attention(1, 40, heads=2, head_dim=32, causal=True)
+    wl = workloads.qdq_attention(1, 40, heads=2, causal=True)
     path = tune(wl.model, target, trials=8, work_dir=tmp_path, progress=False)
     records = load_records(path)
     (record,) = records.attention.values()

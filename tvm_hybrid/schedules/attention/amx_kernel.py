@@ -169,15 +169,25 @@ def amx_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.P
             for i0 in range(bq // _ROWS):
                 for r, v in T.grid(_ROWS, _LANES):
                     mv[r, v] = T.float32(_LOWEST)
-                for r, jc in T.grid(_ROWS, chunks):
+                # Whole vectors of keys, then the tail's (masked: its mask reads are clamped,
+                # which in the whole vectors would become gathers).
+                for r, jc in T.grid(_ROWS, full_chunks):
                     for v in T.vectorized(_LANES):
-                        S[i0 * _ROWS + r, jc * _LANES + v] = T.if_then_else(
-                            jc * _LANES + v < kv,
-                            apply_masks(shape, S[i0 * _ROWS + r, jc * _LANES + v] * scale, M,
-                                        C, b, h, T.min(q0 + i0 * _ROWS + r, q_len - 1),
-                                        T.min(jc * _LANES + v, kv - 1)),
-                            T.float32(_LOWEST))
+                        S[i0 * _ROWS + r, jc * _LANES + v] = apply_masks(
+                            shape, S[i0 * _ROWS + r, jc * _LANES + v] * scale, M, C, b, h,
+                            T.min(q0 + i0 * _ROWS + r, q_len - 1), jc * _LANES + v)
                         mv[r, v] = T.max(mv[r, v], S[i0 * _ROWS + r, jc * _LANES + v])
+                for r, jc in T.grid(_ROWS, chunks - full_chunks):
+                    for v in T.vectorized(_LANES):
+                        S[i0 * _ROWS + r, (full_chunks + jc) * _LANES + v] = T.if_then_else(
+                            (full_chunks + jc) * _LANES + v < kv,
+                            apply_masks(shape, S[i0 * _ROWS + r, (full_chunks + jc) * _LANES + v]
+                                        * scale, M, C, b, h,
+                                        T.min(q0 + i0 * _ROWS + r, q_len - 1),
+                                        T.min((full_chunks + jc) * _LANES + v, kv - 1)),
+                            T.float32(_LOWEST))
+                        mv[r, v] = T.max(mv[r, v],
+                                         S[i0 * _ROWS + r, (full_chunks + jc) * _LANES + v])
                 for r in T.unroll(_ROWS):
                     mx[r] = T.float32(_LOWEST)
                     for v in T.unroll(_LANES):
