@@ -103,7 +103,7 @@ def amx_block_functions(kernel: Microkernel, mb: int, nb: int, kc: int):
     if mb % 32 or nb % 32 or kc % step:
         raise ValueError(f"AMX blocks need mb, nb multiples of 32 and K of {step}; got "
                          f"{mb}x{nb}, K = {kc}")
-    dot = "llvm.x86.tdpbusd" if int8 else "llvm.x86.tdpbf16ps"
+    dot = "tdpbusd" if int8 else "tdpbf16ps"
     panels, rows, esize = nb // 16, kc // group, 1 if int8 else 2
     m_tiles, n_tiles, k_tiles = mb // 32, nb // 32, kc // step
     k_per = k_block_steps(k_tiles)
@@ -114,32 +114,27 @@ def amx_block_functions(kernel: Microkernel, mb: int, nb: int, kc: int):
         configure_tiles()  # once for the whole block
         for kb, mt, nt in T.grid(k_blocks, m_tiles, n_tiles):
             for ct in T.unroll(4):  # C tiles 0-3: (row half, column half)
-                T.evaluate(T.call_llvm_intrin(
-                    "void", "llvm.x86.tileloadd64", T.Cast("int8", ct),
-                    T.address_of(C[mt * 32 + ct // 2 * 16, nt * 32 + ct % 2 * 16]),
-                    T.Cast("int64", C.strides[0] * 4)))
+                _tile_op("tileloadd64", T.Cast("int8", ct),
+                         T.address_of(C[mt * 32 + ct // 2 * 16, nt * 32 + ct % 2 * 16]),
+                         T.Cast("int64", C.strides[0] * 4))
             for kt in range(kb * k_per, kb * k_per + k_per):
                 # Loads interleaved with the products that need them (A0 B0 C00 B1 C01 A1
                 # C10 C11): a product starts while the next operand tile loads.
                 for ct in T.unroll(4):
                     if ct == 0 or ct == 2:  # A tiles 4, 5: the two 16-row halves
-                        T.evaluate(T.call_llvm_intrin(
-                            "void", "llvm.x86.tileloadd64", T.Cast("int8", 4 + ct // 2),
-                            T.address_of(A[mt * 32 + ct // 2 * 16, kt * step]),
-                            T.Cast("int64", A.strides[0] * esize)))
+                        _tile_op("tileloadd64", T.Cast("int8", 4 + ct // 2),
+                                 T.address_of(A[mt * 32 + ct // 2 * 16, kt * step]),
+                                 T.Cast("int64", A.strides[0] * esize))
                     if ct < 2:  # B tiles 6, 7: the two 16-column panels
-                        T.evaluate(T.call_llvm_intrin(
-                            "void", "llvm.x86.tileloadd64", T.Cast("int8", 6 + ct),
-                            T.address_of(B[nt * 2 + ct, kt * 16, 0, 0]), T.int64(64)))
-                    T.evaluate(T.call_llvm_intrin(
-                        "void", dot, T.Cast("int8", ct), T.Cast("int8", 4 + ct // 2),
-                        T.Cast("int8", 6 + ct % 2)))
+                        _tile_op("tileloadd64", T.Cast("int8", 6 + ct),
+                                 T.address_of(B[nt * 2 + ct, kt * 16, 0, 0]), T.int64(64))
+                    _tile_op(dot, T.Cast("int8", ct), T.Cast("int8", 4 + ct // 2),
+                             T.Cast("int8", 6 + ct % 2))
             for ct in T.unroll(4):
-                T.evaluate(T.call_llvm_intrin(
-                    "void", "llvm.x86.tilestored64", T.Cast("int8", ct),
-                    T.address_of(C[mt * 32 + ct // 2 * 16, nt * 32 + ct % 2 * 16]),
-                    T.Cast("int64", C.strides[0] * 4)))
-        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilerelease"))
+                _tile_op("tilestored64", T.Cast("int8", ct),
+                         T.address_of(C[mt * 32 + ct // 2 * 16, nt * 32 + ct % 2 * 16]),
+                         T.Cast("int64", C.strides[0] * 4))
+        release_tiles()
 
     buffers = ((mb, kc), (panels, rows, 16, group), (16 * group, group, 1),
                (in_dtype, b_dtype, acc), (mb, nb))

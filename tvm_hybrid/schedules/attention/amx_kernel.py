@@ -41,7 +41,7 @@ from tvm.script import tirx as T
 
 from ...microkernels.families.amx import block_product, configure_tiles, release_tiles
 from .bf16_kernel import _rounded, bf16_prep_shapes, words_kernel
-from .heuristics import AttentionKnobs
+from .heuristics import AttentionKnobs, amx_applies
 from .kernel import (
     _LOWEST,
     apply_masks,
@@ -55,8 +55,6 @@ _LANES = 16
 #: Rows of the softmax whose reductions across lanes overlap.
 _ROWS = 8
 _LOG2E = 1.4426950408889634
-#: ``1.5 * 2**23``: ``t + _ROUNDER`` rounds ``t`` to an integer held in its low mantissa bits.
-_ROUNDER = 12582912.0
 #: ``2**f`` on ``[-0.5, 0.5]``, highest power first: a near-minimax fit of relative error
 #: (2.7e-6 evaluated in fp32).
 _EXP2_POLY = (9.5699867e-3, 5.5917572e-2, 2.4024744e-1, 6.9312185e-1, 9.9999928e-1)
@@ -65,9 +63,9 @@ _EXP2_POLY = (9.5699867e-3, 5.5917572e-2, 2.4024744e-1, 6.9312185e-1, 9.9999928e
 def exp2_nonpositive(t, lanes: int = 1):
     """``2**t`` for ``t <= 0`` (a score less its row's maximum, in units of ``log2(e)``), of
     ``lanes`` lanes: ``2**n`` added to the exponent bits of :data:`_EXP2_POLY` at ``f = t - n``
-    in ``[-0.5, 0.5]`` (relative error 2.7e-6, under bf16's ``2**-9``). ``n`` is rounded by
-    adding :data:`_ROUNDER`, whose low mantissa bits then hold it. ``t`` is clamped at -125
-    (``2**-125`` stands for the zero of a masked score)."""
+    in ``[-0.5, 0.5]`` (relative error 2.7e-6, under bf16's ``2**-9``), ``n`` the nearest
+    integer to ``t``. ``t`` is clamped at -125 (``2**-125`` stands for the zero of a masked
+    score)."""
     suffix = f"x{lanes}" if lanes > 1 else ""
 
     def const(x):
@@ -104,8 +102,8 @@ def amx_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.P
     """
     qk = knobs.qk
     bq, d = knobs.q_block, shape.head_dim
-    if (not qk.per_block or qk.in_dtype != "bfloat16" or not shape.bf16 or bq % 32
-            or d % 32 or shape.quant is not None):
+    if (not qk.per_block or qk.in_dtype != "bfloat16" or not amx_applies(shape) or bq % 32
+            or shape.quant is not None):
         raise ValueError(f"no AMX bf16 attention kernel for {shape.describe()} with "
                          f"{knobs.describe()}")
     q_len, kv, heads = shape.q_len, shape.kv_len, shape.heads
@@ -113,7 +111,8 @@ def amx_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.P
     kvp = kw_shape[3]
     q_blocks = -(-q_len // bq)
     tasks = shape.batch * heads * q_blocks
-    m_tiles, key_tiles, d_steps, d_tiles = bq // 32, kvp // 32, d // 32, d // 32
+    # Head channels come in 32s both as Q.K^T's tile steps and as P.V's column blocks.
+    m_tiles, key_tiles, d_tiles = bq // 32, kvp // 32, d // 32
     chunks, full_chunks = kvp // _LANES, kv // _LANES
     scale = T.float32(shape.scale if shape.scale is not None else 1.0)
     layouts = {"q": shape.q_layout, "o": shape.out_layout}
@@ -131,7 +130,7 @@ def amx_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.P
     def block_at(C, row, col, tile):
         return C[row * 32 + tile // 2 * 16, col * 32 + tile % 2 * 16]
 
-    scores = block_product("tdpbf16ps", d_steps, rows_at, d * 2, words_at, kvp * 4, block_at,
+    scores = block_product("tdpbf16ps", d_tiles, rows_at, d * 2, words_at, kvp * 4, block_at,
                            kvp * 4)
     values = block_product("tdpbf16ps", key_tiles, rows_at, kvp * 2, words_at, d * 4, block_at,
                            d * 4)

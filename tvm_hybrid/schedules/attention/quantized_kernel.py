@@ -67,7 +67,7 @@ from ...microkernels.families.amx import block_product, configure_tiles, release
 from ...microkernels.families.s16 import s16_update
 from ...microkernels.families.vnni import vnni_update
 from ...microkernels.tiles import grouped_updates
-from .heuristics import AttentionKnobs
+from .heuristics import AttentionKnobs, amx_applies
 from .kernel import (
     _LOWEST,
     ATTENTION_ATTR,
@@ -265,7 +265,7 @@ def quantized_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> 
     numel = {n: math.prod(shape.tensor_shape(layouts[n], q_len if n != "k" else kv))
              for n in layouts}
     prepared = prep_shapes(shape, group, amx)
-    if amx and (kv % 32 or d % AMX_KEYS or bq % 32 or shape.k_layout == "bhds"):
+    if amx and (not amx_applies(shape) or bq % 32):
         raise ValueError(f"no AMX int8 attention kernel for {shape.describe()} with "
                          f"{knobs.describe()}")
     # The keys' operand: K itself (u8, read in place) or its s16 words KW[b, h, d / 2, kv].
@@ -379,8 +379,9 @@ def quantized_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> 
                         "float32", output(SA, VS, PS, b, h, c, i, ct2 * 32 + c)) * out_scale
 
     @T.macro
-    def pv_vector(VWf, VS, PP, PS, OT, b, h):
+    def pv_vector(VW, VS, PP, PS, OT, b, h):
         """``P . V`` on the vector family's tiles: channels by queries."""
+        VWf = T.decl_buffer((math.prod(prepared[1]),), "int32", data=VW.data)
         for ct in range(d // pv.mr):
             acc = T.alloc_buffer((pv.mr, bq), "int32")
             for c in T.unroll(pv.mr):
@@ -413,7 +414,6 @@ def quantized_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> 
         Qf = T.decl_buffer((numel["q"],), "uint8", data=Q.data)
         Kf = T.decl_buffer((keys_numel,), keys_dtype, data=K.data)
         Of = T.decl_buffer((numel["o"],), "float32", data=Out.data)
-        VWf = T.decl_buffer((math.prod(prepared[1]),), "int32", data=VW.data)
         for t in T.parallel(tasks):
             QP = T.alloc_buffer((dg, bq), "int32")
             QS = T.alloc_buffer((bq,), "int32")
@@ -475,7 +475,7 @@ def quantized_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> 
                 pv_amx(VW, VS, PP, PS, OT, SA, b, h)
                 release_tiles()
             else:
-                pv_vector(VWf, VS, PP, PS, OT, b, h)
+                pv_vector(VW, VS, PP, PS, OT, b, h)
             for i in range(bq):
                 if q0 + i < q_len:
                     for c in T.vectorized(d):
