@@ -29,7 +29,7 @@ from tvm_hybrid.schedules.depthwise_template import (
     depthwise_knobs,
 )
 from tvm_hybrid.schedules.gemm.template import TEMPLATE_ANNOTATION
-from tvm_hybrid.testing.onnx_checks import compiles_and_matches
+from tvm_hybrid.testing.onnx_checks import compiles_and_matches, main_calls
 
 HASWELL = {"kind": "llvm", "mcpu": "haswell", "num-cores": 2}
 ZNVER4 = {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}
@@ -45,8 +45,8 @@ def _model(c=32, size=(10, 12), k=3, pads=1, strides=1, dilation=1, batch=1,
                                      .astype(np.float32), "W"),
              numpy_helper.from_array(rng.standard_normal(c).astype(np.float32), "B")]
     nodes = [helper.make_node("Conv", ["x", "W", "B"], ["y"], group=c, kernel_shape=[k, k],
-                              pads=[pads] * 4, strides=[strides] * 2,
-                              dilations=[dilation] * 2)]
+                              pads=list(pads) if isinstance(pads, (list, tuple)) else [pads] * 4,
+                              strides=[strides] * 2, dilations=[dilation] * 2)]
     last = "y"
     if epilogue == "hardswish":
         nodes += [helper.make_node("HardSigmoid", ["y"], ["h"], alpha=1 / 6, beta=0.5),
@@ -76,9 +76,9 @@ def _reference(model, x: np.ndarray) -> np.ndarray:
     conv = model.graph.node[0]
     attrs = {a.name: list(a.ints) for a in conv.attribute if a.ints}
     w, bias = inits["W"], inits["B"]
-    k, pad = w.shape[-1], attrs["pads"][0]
+    k, (top, left, bottom, right) = w.shape[-1], attrs["pads"]
     stride, dilation = attrs["strides"][0], attrs["dilations"][0]
-    xp = np.pad(x.astype("float64"), [(0, 0), (0, 0), (pad, pad), (pad, pad)])
+    xp = np.pad(x.astype("float64"), [(0, 0), (0, 0), (top, bottom), (left, right)])
     span = dilation * (k - 1) + 1
     oh = (xp.shape[2] - span) // stride + 1
     ow = (xp.shape[3] - span) // stride + 1
@@ -147,6 +147,9 @@ def test_template_keeps_the_taps_in_a_register_block_before_the_epilogue():
 CASES = {
     "3x3-hardswish": dict(c=48, size=(14, 14)),
     "5x5-stride2-relu6": dict(c=24, size=(13, 16), k=5, pads=2, strides=2, epilogue="relu6"),
+    # TensorFlow's "SAME" at stride 2: the padding after the map only (top, left, bottom, right
+    # as ONNX orders them: 0, 0, 1, 1).
+    "3x3-stride2-pad-after": dict(c=32, size=(12, 16), pads=(0, 0, 1, 1), strides=2),
     "dilated-residual-batch2": dict(c=16, size=(9, 8), dilation=2, pads=2, batch=2,
                                     epilogue="residual"),
     "no-epilogue-width7": dict(c=40, size=(7, 7), epilogue="none"),
@@ -161,6 +164,39 @@ def test_template_matches_the_reference(case):
     (info,) = [i for n, i in compiled.kernels.items() if "depthwise" in n]
     assert info.schedule == "template" and "depthwise convolution" in info.detail, info
     assert info.flops > 0
+
+
+def test_padding_is_read_in_the_taps_not_written_by_a_kernel_of_its_own():
+    """After a 1x1 convolution (a GEMM kernel, which a padding cannot join) the depthwise
+    kernel reads the unpadded map: its taps clamp their indices into it and select zero
+    outside, so no kernel writes a padded copy, and the values at every border match."""
+    rng = np.random.default_rng(1)
+    c_in, c, size = 24, 32, (8, 16)
+    inits = [numpy_helper.from_array((rng.standard_normal((c, c_in, 1, 1)) * 0.3)
+                                     .astype(np.float32), "P"),
+             numpy_helper.from_array((rng.standard_normal((c, 1, 3, 3)) * 0.3)
+                                     .astype(np.float32), "W")]
+    nodes = [helper.make_node("Conv", ["x", "P"], ["p"]),
+             helper.make_node("Relu", ["p"], ["r"]),
+             helper.make_node("Conv", ["r", "W"], ["out"], group=c, kernel_shape=[3, 3],
+                              pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(
+        nodes, "pointwise_depthwise",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c_in, *size])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                              ir_version=8)
+    x = rng.standard_normal((1, c_in, *size)).astype(np.float32)
+    compiled = compiles_and_matches(model, {"x": x})
+    names = main_calls(compiled)
+    assert not [n for n in names if "pad" in n], names
+    (dw,) = [n for n in compiled.kernels if "depthwise" in n]
+    assert compiled.kernels[dw].schedule == "template", compiled.kernels[dw]
+    script = compiled.lowered[dw].script()
+    assert "T.Select(" in script and "if_then_else" not in script
+    # The map it reads is the 1x1 convolution's output as it is, not a padded one.
+    assert f"T.int64({size[0]}), T.int64({size[1]}), T.int64({c})" in script.splitlines()[
+        next(i for i, line in enumerate(script.splitlines()) if line.startswith("def "))]
 
 
 def test_channels_no_vector_divides_fall_back_and_say_why():

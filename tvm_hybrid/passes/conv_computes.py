@@ -219,20 +219,40 @@ def col2im(cols: te.Tensor, batch: int, in_hw: tuple[int, int], kernel: tuple[in
 
 
 def depthwise_conv(x: te.Tensor, weight: te.Tensor, strides: tuple[int, int],
-                   dilation: tuple[int, int], out_hw: tuple[int, int]) -> te.Tensor:
-    """NHWC depthwise convolution of the (already padded) ``x[N, H, W, C]`` by
-    ``weight[KH, KW, C]``: each output element sums its ``KH * KW`` taps, unrolled (an
-    injective kernel, vectorised along the contiguous channels, with the bias and activation
-    after it fused in)."""
+                   dilation: tuple[int, int], out_hw: tuple[int, int],
+                   padding: tuple[int, int, int, int] = (0, 0, 0, 0)) -> te.Tensor:
+    """NHWC depthwise convolution of ``x[N, H, W, C]``, zero-padded by ``padding`` (top,
+    left, bottom, right), by ``weight[KH, KW, C]``: each output element sums its ``KH * KW``
+    taps, unrolled (an injective kernel, vectorised along the contiguous channels, with the
+    bias and activation after it fused in).
+
+    A tap in the padding reads ``x`` at its index clamped into the input and selects zero
+    (``Select``, no branch): every load stays in bounds, the loads of one input column are
+    the same expression for every pixel of a register block that reads it, and no padded copy
+    of ``x`` is written. (The 3x3 HardSwish kernel of a 200x152x64 map, 2-core Emerald
+    Rapids VM: 0.54 ms on a padded input, 0.86 ms with a bounds test per tap as
+    ``if_then_else``, a branch around each load, 0.69 ms with the select; the padding kernel
+    it saves costs more where it cannot fuse into its producer: see ``conv_gemm.py``.)"""
     kh, kw, _ = (int(d) for d in weight.shape)
+    _, height, width, _ = (int(d) for d in x.shape)
+    top, left = padding[0], padding[1]
+    zero = tirx.const(0.0, x.dtype)
+
+    def tap(b, iy, ix, c):
+        if not any(padding):
+            return x[b, iy, ix, c]
+        iy, ix = iy - top, ix - left
+        inside = tirx.all(iy >= 0, iy < height, ix >= 0, ix < width)
+        clamped = x[b, tirx.max(tirx.min(iy, height - 1), 0),
+                    tirx.max(tirx.min(ix, width - 1), 0), c]
+        return tirx.Select(inside, clamped, zero)
 
     def value(b, oy, ox, c):
-        total = tirx.const(0.0, x.dtype)
+        total = zero
         for ky in range(kh):
             for kx in range(kw):
-                tap = x[b, oy * strides[0] + ky * dilation[0], ox * strides[1] + kx * dilation[1],
-                        c]
-                total = total + tap * weight[ky, kx, c]
+                total = total + tap(b, oy * strides[0] + ky * dilation[0],
+                                    ox * strides[1] + kx * dilation[1], c) * weight[ky, kx, c]
         return total
 
     return te.compute((int(x.shape[0]), *out_hw, int(x.shape[3])), value, name=DEPTHWISE_BLOCK)

@@ -2,8 +2,9 @@
 
 For the NHWC depthwise convolution of ``passes/conv_gemm.py`` (``conv_computes.depthwise_conv``:
 ``Y[b, y, x, c] = sum_{ky, kx} Xp[b, y * sh + ky * dh, x * sw + kx * dw, c] * W[ky, kx, c]``,
-an injective block with its taps unrolled) and the elementwise epilogue fused after it (bias,
-folded BatchNorm, HardSwish, a residual add, a quantization)::
+an injective block with its taps unrolled; ``Xp`` is ``X`` zero-padded, read in the taps by
+clamped loads and selects) and the elementwise epilogue fused after it (bias, folded
+BatchNorm, HardSwish, a residual add, a quantization)::
 
     parallel for (b, y, c_vector):                 # one output row, one vector of channels
       for x_block:                                 # x_block pixels of the row
