@@ -195,8 +195,8 @@ def test_padding_is_read_in_the_taps_not_written_by_a_kernel_of_its_own():
     script = compiled.lowered[dw].script()
     assert "T.Select(" in script and "if_then_else" not in script
     # The map it reads is the 1x1 convolution's output as it is, not a padded one.
-    assert f"T.int64({size[0]}), T.int64({size[1]}), T.int64({c})" in script.splitlines()[
-        next(i for i, line in enumerate(script.splitlines()) if line.startswith("def "))]
+    signature = next(line for line in script.splitlines() if line.startswith("def "))
+    assert f"T.int64({size[0]}), T.int64({size[1]}), T.int64({c})" in signature
 
 
 def test_channels_no_vector_divides_fall_back_and_say_why():

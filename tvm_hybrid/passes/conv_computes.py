@@ -238,14 +238,14 @@ def depthwise_conv(x: te.Tensor, weight: te.Tensor, strides: tuple[int, int],
     top, left = padding[0], padding[1]
     zero = tirx.const(0.0, x.dtype)
 
-    def tap(b, iy, ix, c):
-        if not any(padding):
-            return x[b, iy, ix, c]
+    def padded_tap(b, iy, ix, c):
         iy, ix = iy - top, ix - left
         inside = tirx.all(iy >= 0, iy < height, ix >= 0, ix < width)
         clamped = x[b, tirx.max(tirx.min(iy, height - 1), 0),
                     tirx.max(tirx.min(ix, width - 1), 0), c]
         return tirx.Select(inside, clamped, zero)
+
+    tap = padded_tap if any(padding) else (lambda b, iy, ix, c: x[b, iy, ix, c])
 
     def value(b, oy, ox, c):
         total = zero
