@@ -23,6 +23,7 @@ def test_export_and_load_round_trip(tmp_path):
     model = tvm_hybrid.compile(wl.model)
     path = model.export(tmp_path / "mlp.so")
     loaded = tvm_hybrid.load(path)
+    assert model.element_aligned and loaded.element_aligned  # recorded in the library
     np.testing.assert_array_equal(loaded(wl.inputs["x"]), model(wl.inputs["x"]))
     with pytest.raises(tvm_hybrid.InputError):
         loaded(np.zeros((8, 3), "float32"))

@@ -42,10 +42,14 @@ class CompiledModel:
         (``load``, from the sidecar).
     checked
         Whether this CPU is already known to run the code.
+    element_aligned
+        Whether its kernels take inputs at any element-aligned address (the ``"hybrid"`` TIR
+        pipeline's), so numpy arrays pass zero-copy; else inputs not 64-byte aligned are copied.
     """
 
     def __init__(self, executable, target: Target, inputs: list[TensorSpec], lowered=None, *,
-                 kernel_source=None, kernels: dict | None = None, checked: bool = False):
+                 kernel_source=None, kernels: dict | None = None, checked: bool = False,
+                 element_aligned: bool = False):
         self.executable = executable
         self.target = target
         self.inputs = list(inputs)
@@ -56,6 +60,7 @@ class CompiledModel:
         self._kernels = kernels
         self._fresh = False  # not analysed yet
         self._exact = [_exact_signature(spec) for spec in self.inputs]
+        self.element_aligned = element_aligned
 
     # --- running -------------------------------------------------------------------------
 
@@ -202,7 +207,7 @@ class CompiledModel:
         staging = getattr(self._local, "staging", None)
         if staging is None:
             staging = self._local.staging = {}
-        return to_device(arrays, staging)
+        return to_device(arrays, staging, self.element_aligned)
 
     # --- code and export -----------------------------------------------------------------
 
@@ -279,7 +284,7 @@ class CompiledModel:
             raise CompileError(f"could not export {path}: {err}") from err
         from .compiler import model_metadata
 
-        metadata = model_metadata(self.target, self.inputs)
+        metadata = model_metadata(self.target, self.inputs, self.element_aligned)
         metadata["kernels"] = [info.as_dict() for info in self.kernels.values()]
         write_sidecar(path, metadata)
         return path
@@ -313,7 +318,8 @@ def load(path: str | os.PathLike) -> CompiledModel:
         kernels = {k["name"]: KernelInfo(**k) for k in meta.get("kernels", [])}
     except (TypeError, KeyError):
         kernels = {}  # descriptive only: a sidecar without it still loads
-    return CompiledModel(lib, target, inputs, kernels=kernels, checked=True)
+    return CompiledModel(lib, target, inputs, kernels=kernels, checked=True,
+                         element_aligned=meta.get("element_aligned_inputs") is True)
 
 
 def summarize_times(times_ms) -> dict:

@@ -171,7 +171,8 @@ def _compile(model, tgt, params, tuning_records, input_shapes, pipeline, precisi
         imported.inputs = [spec for spec in imported.inputs if spec.name not in bound]
     database, attention = (_load_records(tuning_records, tgt) if tuning_records is not None
                            else (None, {}))
-    mod = embed_metadata(mod, model_metadata(tgt, imported.inputs))
+    element_aligned = pipeline == "hybrid"  # the hybrid TIR pipeline's kernels (pipeline.py)
+    mod = embed_metadata(mod, model_metadata(tgt, imported.inputs, element_aligned))
     recorder = KernelRecorder()
     relax_pipeline = (hybrid_pipeline(tgt, precision, recorder) if pipeline == "hybrid"
                       else relax.get_pipeline("default"))
@@ -186,7 +187,8 @@ def _compile(model, tgt, params, tuning_records, input_shapes, pipeline, precisi
                 else:
                     lowered = relax_pipeline(mod)
             passes.stack = ["code generation"]
-            executable = tvm.compile(lowered, target=tgt, relax_pipeline=None)
+            executable = tvm.compile(lowered, target=tgt, relax_pipeline=None,
+                                     tir_pipeline="hybrid" if element_aligned else "default")
     except TemplateError:
         raise
     except Exception as err:
@@ -194,7 +196,8 @@ def _compile(model, tgt, params, tuning_records, input_shapes, pipeline, precisi
                            f"{passes.where()}{_nodes_named(err, imported.node_labels)}: "
                            f"{first_line(err)}") from err
     return CompiledModel(executable, tgt, imported.inputs, lowered=lowered,
-                         kernel_source=(recorder, imported.node_labels))
+                         kernel_source=(recorder, imported.node_labels),
+                         element_aligned=element_aligned)
 
 
 @tvm.ir.instrument.pass_instrument
@@ -236,13 +239,16 @@ def _nodes_named(err: Exception, labels: list[str]) -> str:
     return f" (ONNX node {', '.join(found[:3])})" if found else ""
 
 
-def model_metadata(target: tvm.target.Target, inputs) -> dict:
-    """What an exported model records about itself (``artifact.py``)."""
+def model_metadata(target: tvm.target.Target, inputs, element_aligned: bool) -> dict:
+    """What an exported model records about itself (``artifact.py``); ``element_aligned``: its
+    kernels take inputs at any element-aligned address (``passes/element_aligned_arguments.py``).
+    """
     from .artifact import FORMAT
 
     return {"format": FORMAT, "target": target_to_dict(target),
             "inputs": [{"name": s.name, "shape": list(s.shape), "dtype": s.dtype}
-                       for s in inputs]}
+                       for s in inputs],
+            "element_aligned_inputs": element_aligned}
 
 
 def check_precision(precision: str, target: tvm.target.Target) -> None:

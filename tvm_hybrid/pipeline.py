@@ -11,6 +11,8 @@ lower.
    are :func:`prepare_passes`; their PrimFuncs are the tuning tasks.
 4. **Schedule**: tuning records, then the expert templates, then the fallback rule.
 5. **Lower** for the VM.
+6. **TIR** (:func:`tir_pipeline`, registered as the ``"hybrid"`` TIR pipeline): TVM's default
+   lowering, then kernels that take their tensor arguments at any element-aligned address.
 
 Registered with ``relax.register_pipeline("hybrid")``, so existing TVM code can use it through
 ``tvm.compile(mod, target, relax_pipeline="hybrid")``. Each comment below states an ordering
@@ -24,12 +26,14 @@ from tvm import relax
 from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 from tvm.s_tir import dlight
 from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.pipeline import default_s_tir_pipeline
 from tvm.target import Target
 
 from .host import host_target
 from .passes import (
     CheckIndices,
     ConvToGemm,
+    ElementAlignedArguments,
     FastMath,
     FoldAffineChains,
     FoldConstantCleanly,
@@ -173,6 +177,21 @@ def hybrid_pipeline(target: Target | None = None, precision: str = "fp32",
     return _pipeline
 
 
+def tir_pipeline():
+    """Phase 6, the ``"hybrid"`` TIR pipeline: TVM's default TIR lowering (which ends with
+    ``MakePackedAPI``), then :class:`~tvm_hybrid.passes.ElementAlignedArguments`.
+
+    Returns
+    -------
+    tuple
+        ``(pipeline, finalize_host_passes, finalize_device_passes)``, the form
+        ``tvm.tirx.register_tir_pipeline`` takes.
+    """
+    lower, finalize_host, finalize_device = default_s_tir_pipeline()
+    return (tvm.transform.Sequential([lower, ElementAlignedArguments()], name="HybridTIR"),
+            finalize_host, finalize_device)
+
+
 def _noted(recorder, fusion: tvm.transform.Pass) -> list[tvm.transform.Pass]:
     """``fusion`` between the recorder's passes that follow ONNX nodes through it (the profile
     report's record of which nodes each kernel computes)."""
@@ -182,6 +201,7 @@ def _noted(recorder, fusion: tvm.transform.Pass) -> list[tvm.transform.Pass]:
 
 
 def register() -> None:
-    """Register ``"hybrid"`` with Relax's pipeline registry (idempotent)."""
+    """Register ``"hybrid"`` with Relax's and TIR's pipeline registries (idempotent)."""
     if "hybrid" not in relax.pipeline.PIPELINE_MAP:
         relax.register_pipeline("hybrid")(hybrid_pipeline)
+    tvm.tirx.register_tir_pipeline("hybrid", tir_pipeline)

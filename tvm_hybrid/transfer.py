@@ -5,9 +5,11 @@ into a fresh numpy array. For large tensors that dominated: an attention over th
 ``32 x 12 x 384 x 64`` inputs spent ~50 ms of a ~95 ms call copying (page faults of the fresh
 allocations, single-threaded memcpy), more than the fused kernel itself.
 
-* An input already laid out as TVM needs (C-contiguous, 64-byte aligned: what TVM's kernels
-  assume) is passed zero-copy through DLPack.
-* Other inputs (numpy aligns large arrays to 16 bytes) are copied into a staging tensor kept per
+* An input already laid out as the kernels need is passed zero-copy through DLPack:
+  C-contiguous, and aligned to its element size for the hybrid pipeline's kernels
+  (``passes/element_aligned_arguments.py``), to 64 bytes for stock TVM's (numpy aligns large
+  arrays to 16 bytes only).
+* Other inputs are copied into a staging tensor kept per
   thread and input, so the copy reuses memory already mapped; a call's copies are dealt out to
   a thread per :data:`PARALLEL_BYTES` (at most TVM's thread count; one
   thread's memcpy moves a fraction of the memory's bandwidth: three 12 MB attention inputs took
@@ -24,8 +26,9 @@ from __future__ import annotations
 
 import numpy as np
 import tvm
+import tvm_ffi
 
-#: The data alignment TVM's kernels assume of their arguments.
+#: The data alignment stock TVM's kernels assume of their arguments.
 ALIGNMENT = 64
 #: Contiguous inputs up to this size are copied into their staging tensor without trying the
 #: zero-copy path first.
@@ -38,9 +41,12 @@ _DLPACK_KINDS = "biuf"
 _POOL: list = []
 
 
-def to_device(arrays: list[np.ndarray], staging: dict) -> list[tvm.runtime.Tensor]:
+def to_device(arrays: list[np.ndarray], staging: dict,
+              element_aligned: bool = False) -> list[tvm.runtime.Tensor]:
     """TVM tensors holding ``arrays``: zero-copy when possible, else copied into the
-    ``staging`` tensors (one per position, reused while shape and dtype stay)."""
+    ``staging`` tensors (one per position, reused while shape and dtype stay).
+    ``element_aligned``: the kernels take arrays at any element-aligned address, else they need
+    :data:`ALIGNMENT`."""
     out, copies = [], []
     for position, array in enumerate(arrays):
         held = staging.get(position)
@@ -51,7 +57,8 @@ def to_device(arrays: list[np.ndarray], staging: dict) -> list[tvm.runtime.Tenso
             continue
         # np.require keeps 0-d inputs 0-d (np.ascontiguousarray would make them 1-d).
         array = np.require(array, requirements="C")
-        tensor = None if 0 < array.nbytes <= SMALL_BYTES else _zero_copy(array)
+        tensor = (None if 0 < array.nbytes <= SMALL_BYTES
+                  else _zero_copy(array, array.itemsize if element_aligned else ALIGNMENT))
         if tensor is None:
             tensor = _staged(array, position, staging, copies)
         out.append(tensor)
@@ -60,12 +67,12 @@ def to_device(arrays: list[np.ndarray], staging: dict) -> list[tvm.runtime.Tenso
     return out
 
 
-def _zero_copy(array: np.ndarray) -> tvm.runtime.Tensor | None:
+def _zero_copy(array: np.ndarray, alignment: int) -> tvm.runtime.Tensor | None:
     if (array.ndim == 0 or array.dtype.kind not in _DLPACK_KINDS or array.size == 0
-            or array.ctypes.data % ALIGNMENT):
+            or array.ctypes.data % alignment):
         return None
     try:
-        return tvm.runtime.from_dlpack(array)
+        return tvm_ffi.from_dlpack(array, require_alignment=alignment, require_contiguous=True)
     except Exception:  # read-only arrays, dtypes DLPack lacks: copy instead
         return None
 

@@ -1,9 +1,11 @@
-"""Relax graph passes of the hybrid pipeline (phases 1 and 2), one per module."""
+"""Relax graph passes of the hybrid pipeline (phases 1 and 2) and its TIR pass (phase 6), one
+per module."""
 
 from .affine_chains import FoldAffineChains
 from .check_indices import CheckIndices
 from .constant_divisors import ReciprocalDivisors
 from .conv_gemm import ConvToGemm
+from .element_aligned_arguments import ElementAlignedArguments
 from .fast_math import FastMath
 from .fold_constant import FoldConstantCleanly
 from .fold_scales import FoldScalesIntoWeights
@@ -19,6 +21,7 @@ from .sink_reshapes import SinkReshapes
 __all__ = [
     "CheckIndices",
     "ConvToGemm",
+    "ElementAlignedArguments",
     "FastMath",
     "FoldAffineChains",
     "FoldConstantCleanly",
