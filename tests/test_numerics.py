@@ -10,6 +10,7 @@ import re
 import numpy as np
 import pytest
 import tvm
+import tvm_ffi
 from tvm import relax
 from tvm.script import relax as R  # noqa: F401
 
@@ -103,6 +104,18 @@ def test_tvm_compile_with_hybrid_pipeline_name(rng):
     vm = relax.VirtualMachine(ex, tvm.cpu())
     x, w, b = (rng.standard_normal(s).astype("float32") for s in ((16, 8), (8, 32), (32,)))
     out = vm["main"](*(tvm.runtime.tensor(a) for a in (x, w, b))).numpy()
+    np.testing.assert_allclose(out, np.maximum(x @ w + b, 0), rtol=RTOL, atol=ATOL)
+    # With the hybrid TIR pipeline too, on inputs 4 bytes past a 64-byte boundary, zero-copy.
+    ex = tvm.compile(mod, target=target, relax_pipeline="hybrid", tir_pipeline="hybrid")
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    moved = []
+    for a in (x, w, b):
+        room = np.empty(a.size + 32, "float32")
+        start = (-room.ctypes.data % 64) // 4 + 1
+        moved.append(room[start:start + a.size].reshape(a.shape))
+        moved[-1][...] = a
+    args = [tvm_ffi.from_dlpack(a, require_alignment=4) for a in moved]
+    out = vm["main"](*args).numpy()
     np.testing.assert_allclose(out, np.maximum(x @ w + b, 0), rtol=RTOL, atol=ATOL)
 
 
