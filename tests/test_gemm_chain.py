@@ -24,8 +24,11 @@ from tvm_hybrid.host import CacheSizes
 from tvm_hybrid.passes.gemm_chain import (
     CHAIN_COMPOSITE,
     CHAINS_VARIABLE,
+    INTEL_L3_ROWS_PER_THREAD,
     MAX_CHAIN_ROWS,
+    MIN_ROWS_PER_THREAD,
     chain_wins,
+    streamed_rows_per_thread,
 )
 from tvm_hybrid.pipeline import fusion_passes, graph_passes, normalize_passes
 from tvm_hybrid.schedules.gemm.heuristics import panel_width
@@ -162,6 +165,16 @@ def test_the_cost_model():
     small_l3 = CacheSizes(l1d=32 << 10, l2=512 << 10, l3=0)
     assert chain_wins(32, 300 << 10, small_l3, threads=2)
     assert not chain_wins(32, 700 << 10, small_l3, threads=2)
+    # Weights beyond the L2 share stream from the L3: an Intel L3 needs more rows per thread.
+    intel = streamed_rows_per_thread(tvm.target.Target({"kind": "llvm",
+                                                        "mcpu": "sapphirerapids"}))
+    amd = streamed_rows_per_thread(tvm.target.Target({"kind": "llvm", "mcpu": "znver4"}))
+    assert (amd, intel) == (MIN_ROWS_PER_THREAD, INTEL_L3_ROWS_PER_THREAD)
+    assert chain_wins(8, 9 << 20, caches, threads=2, streamed_rows=amd)
+    assert not chain_wins(8, 9 << 20, caches, threads=2, streamed_rows=intel)
+    assert not chain_wins(32, 9 << 20, caches, threads=2, streamed_rows=intel)
+    assert chain_wins(64, 9 << 20, caches, threads=2, streamed_rows=intel)
+    assert chain_wins(8, 700 << 10, caches, threads=2, streamed_rows=intel)  # in the L2
 
 
 # --- the template: numerics and structure -----------------------------------------------------

@@ -15,7 +15,8 @@ between layers).
 The cost model (:func:`chain_wins`): every core then reads every layer's weights, not its
 share, so a chain is formed only while the weights stay in the caches (a core's L2 or half
 the shared L3) and the batch is small enough that the per-layer kernels' forks, joins and
-calls are a visible share, with a few rows per thread at least, and each layer's row block
+calls are a visible share, with a few rows per thread at least (more where weights beyond the
+L2 stream from an Intel L3, :func:`streamed_rows_per_thread`), and each layer's row block
 keeps a register tile nearly as good as its per-layer kernel's (``thin_tiles``).
 ``TVM_HYBRID_GEMM_CHAINS`` (``auto``, ``off``, ``all``) overrides it, to measure one against
 the other.
@@ -49,6 +50,9 @@ MIN_ROWS_PER_THREAD = 4
 MAX_CHAIN_ROWS = 256
 #: Share of a core's L2 the chain's weights may take (each core streams all of them).
 _L2_SHARE = 0.75
+#: Fewest rows per thread a chain is formed for when its weights exceed the L2 share and
+#: stream from an Intel L3 to every core (:func:`streamed_rows_per_thread`).
+INTEL_L3_ROWS_PER_THREAD = 32
 
 
 @dataclasses.dataclass
@@ -105,7 +109,8 @@ def _itemsize(expr: relax.Expr) -> int:
     return DataType(str(expr.ty.dtype)).bits // 8
 
 
-def chain_wins(rows: int, weight_bytes: int, caches: CacheSizes, threads: int) -> bool:
+def chain_wins(rows: int, weight_bytes: int, caches: CacheSizes, threads: int,
+               streamed_rows: int = MIN_ROWS_PER_THREAD) -> bool:
     """The cost model: chain ``rows``-row layers whose weights total ``weight_bytes``.
 
     At least :data:`MIN_ROWS_PER_THREAD` rows per thread (thinner blocks would run on thin
@@ -113,10 +118,29 @@ def chain_wins(rows: int, weight_bytes: int, caches: CacheSizes, threads: int) -
     :data:`MAX_CHAIN_ROWS` rows (measured from 4 rows per thread up to there on 2 cores:
     1.03-1.40x over the per-layer kernels, ``python/benchmarks/mlp_chain.py``), and the
     weights within a core's L2 or half the L3, since every core reads all of them (from
-    memory they would cost each core the whole stream)."""
+    memory they would cost each core the whole stream). Weights beyond the L2 share stream
+    from the L3 to every core on each call: then at least ``streamed_rows`` rows per thread
+    (:func:`streamed_rows_per_thread`)."""
     if not MIN_ROWS_PER_THREAD * threads <= rows <= MAX_CHAIN_ROWS:
         return False
-    return weight_bytes <= max(_L2_SHARE * caches.l2, caches.l3 // 2)
+    if weight_bytes <= _L2_SHARE * caches.l2:
+        return True
+    return weight_bytes <= caches.l3 // 2 and rows >= streamed_rows * threads
+
+
+def streamed_rows_per_thread(target: Target) -> int:
+    """Fewest rows per thread for a chain whose weights stream from the L3 (``chain_wins``).
+
+    A chain makes every core read all the weights, the per-layer kernels each core its share.
+    From an AMD Zen L3 that costs little: MLP_2 (8.8 MB of fp32 weights, 2.2 MB in int8)
+    chained at batch 8 ran 1.06x (fp32) and 1.18x (QDQ) faster than its per-layer kernels on
+    a 2-core Zen 4. From an Intel server L3 a core reads far slower: on a 2-core Emerald Rapids
+    VM the same chains ran 0.75x and 0.54x as fast at batch 8, 0.93x and 0.79x at batch 24,
+    0.98x and 1.03x at batch 32, and 1.10x and 1.05x at batch 64 (``mlp_chain.py --batches
+    8,16,24,32,64``): :data:`INTEL_L3_ROWS_PER_THREAD` rows per thread there. Targets named
+    for AMD cores (``znver*``) take :data:`MIN_ROWS_PER_THREAD`, all others the Intel bar."""
+    mcpu = str(target.attrs.get("mcpu", "")) if target is not None else ""
+    return MIN_ROWS_PER_THREAD if mcpu.startswith("znver") else INTEL_L3_ROWS_PER_THREAD
 
 
 def chain_mode(value: str | None = None) -> str:
@@ -155,6 +179,7 @@ class FuseGemmChains:
         self.threads = target_threads(target)
         self.caches = cache_sizes()
         self.mode = chain_mode(mode)
+        self.streamed_rows = streamed_rows_per_thread(target)
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         if self.mode == "off":
@@ -246,7 +271,7 @@ class FuseGemmChains:
         if self.mode == "all":
             return True
         weights = sum(layer.weight_bytes for layer in layers)
-        return (chain_wins(shape.m, weights, self.caches, self.threads)
+        return (chain_wins(shape.m, weights, self.caches, self.threads, self.streamed_rows)
                 and not thin_tiles(shape, variants[0], self.target))
 
     @staticmethod
