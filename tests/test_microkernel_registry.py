@@ -93,6 +93,21 @@ def test_select_is_the_one_ranking():
     assert [(k.mr, k.nr) for k in select(HASWELL, "float32", tied)[:2]] == [(6, 16), (3, 24)]
     assert (select(HASWELL, "float32", GemmShape(1, 32, 64, 64))[0].nr) == 32  # 2x32 vs 4x16
 
+def test_avx512_three_vector_tiles_need_whole_panels():
+    """AVX-512's 48-column tiles (up to 27 accumulators) lead where N fills their panels, and
+    are never taken, nor padded to, where a tail panel would be left (``whole_panels``)."""
+    bert = GemmShape(1, 1024, 768, 3072)
+    for packing in (False, True):
+        assert (select(SPR, "float32", bert, packing=packing)[0].mr,
+                select(SPR, "float32", bert, packing=packing)[0].nr) == (8, 48)
+    assert select(SPR, "float32", GemmShape(1, 1026, 768, 768), packing=True)[0].nr == 48  # 9
+    tail = GemmShape(1, 1024, 256, 512)  # 256 columns: 5 whole panels and 16 columns
+    assert not any(k.nr == 48 for k in select(SPR, "float32", tail, packing=True))
+    assert panel_width(SPR, "float32", 1024, 256, 512) == 32
+    wide = [k for k in microkernels_for(SPR, "float32") if k.nr == 48]
+    assert wide and all(k.whole_panels for k in wide)
+    assert not any(k.whole_panels for k in microkernels_for(HASWELL, "float32"))
+
 
 def test_direct_convolution_panels_count_useful_channels():
     from tvm_hybrid.schedules.conv_template import conv_panel

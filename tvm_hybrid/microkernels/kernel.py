@@ -48,6 +48,8 @@ class Microkernel:
     per_block
         The intrinsic covers a whole block of register tiles, not one (AMX: the tile
         configuration is set once per block).
+    whole_panels
+        Taken only where ``N`` is a whole number of its panels (no tail panel).
     """
 
     isa: str
@@ -63,6 +65,7 @@ class Microkernel:
     operand_registers: tuple[int, int] = (1, 1)
     k_multiple: int = 0
     per_block: bool = False
+    whole_panels: bool = False
 
     @property
     def lanes(self) -> int:
@@ -164,16 +167,19 @@ class Family:
 def vector_tiles(isa: str, features: tuple[str, ...], vector_bits: int, num_registers: int,
                  in_dtype: str = "float32", acc_dtype: str = "float32", k_step: int = 1,
                  operand_registers: tuple[int, int] = (1, 1),
-                 widths: tuple[int, ...] = (2, 1)) -> tuple[Microkernel, ...]:
+                 widths: tuple[int, ...] = (2, 1),
+                 whole_panel_widths: tuple[int, ...] = ()) -> tuple[Microkernel, ...]:
     """Every ``mr x (vectors * lanes)`` tile that fits the register file, ``vectors`` in
-    ``widths`` order (2 vectors first: half the broadcasts per FMA), then ``mr`` descending."""
+    ``widths`` order (2 vectors first: half the broadcasts per FMA), then ``mr`` descending;
+    tiles of ``vectors`` in ``whole_panel_widths`` are marked ``whole_panels``."""
     lanes = vector_bits // 32
     out = []
     for vectors in widths:
         for mr in range(16, 0, -1):
             kernel = Microkernel(isa, features, in_dtype, acc_dtype, mr, vectors * lanes,
                                  vector_bits, num_registers, k_step,
-                                 operand_registers=operand_registers)
+                                 operand_registers=operand_registers,
+                                 whole_panels=vectors in whole_panel_widths)
             if kernel.fits_registers():
                 out.append(kernel)
     return tuple(out)

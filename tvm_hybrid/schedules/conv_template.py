@@ -103,9 +103,11 @@ def conv_panel(kernels: list[Microkernel], width: int, channels: int) -> int | N
     channels padded to whole panels), or None when no kernel tiles ``width``: the one of the
     kernel with the most throughput on the useful channels (``heuristics.padded_throughput``:
     32 channels take 16-wide panels, not 24-wide ones computing 48). Tiles of two vectors or
-    more only: a one-vector tile broadcasts once per FMA (im2col and a GEMM tile do better)."""
+    more only: a one-vector tile broadcasts once per FMA (im2col and a GEMM tile do better);
+    ``whole_panels`` tiles only where the channels fill their panels."""
     fitting = [k for k in kernels
-               if k.mr >= MIN_MR and width % k.mr == 0 and k.nr >= 2 * k.lanes]
+               if k.mr >= MIN_MR and width % k.mr == 0 and k.nr >= 2 * k.lanes
+               and not (k.whole_panels and channels % k.nr)]
     if not fitting:
         return None
     best = max(fitting, key=lambda k: (padded_throughput(k, channels), k.mr * k.nr, k.mr))

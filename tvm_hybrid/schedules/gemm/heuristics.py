@@ -163,6 +163,8 @@ def select(target: Target, in_dtype: str, shape: GemmShape, *, panel: int | None
         whole = shape.n % kernel.nr == 0 and shape.k % kernel.k_granule == 0
         if (kernel.per_block or not packing) and not whole:
             continue
+        if kernel.whole_panels and shape.n % kernel.nr:
+            continue
         out.append(kernel)
     # Tiles whose rows of A share an L1 set beyond its ways rank last (see l1_aliased).
     if packing:  # N padded to whole panels: a tile's throughput counts its useful columns only
@@ -201,7 +203,8 @@ def padded_rows(target: Target, in_dtype: str, shape: GemmShape,
     A GEMM whose ``M`` no good tile divides (197 tokens, a prime batch) would run on a thin
     tile; the packing passes can pad ``x`` with zero rows instead (sliced off in the kernel,
     like the padded columns). Padding is chosen when the best tile's throughput, scaled by the
-    useful fraction ``M / (M + pad)``, beats the best exact tile by :data:`_PAD_GAIN`, and only
+    useful fraction ``M / (M + pad)`` (and by its useful columns, :func:`padded_throughput`),
+    beats the best exact tile by :data:`_PAD_GAIN`, and only
     for ``N >= ``:data:`_PAD_MIN_N` (the padded copy of ``x`` is paid once per ``N``); under
     :data:`_PAD_MIN_M` rows, only where each of ``threads`` (:func:`target_threads` by default)
     has at least :data:`_PAD_FEW_ROWS_MIN_L2S` of an L2 of weights (``caches``: this host's by
@@ -226,21 +229,26 @@ def padded_rows(target: Target, in_dtype: str, shape: GemmShape,
     exact = select(target, in_dtype, shape, packing=True)
     if exact and exact[0].per_block:
         return 0
-    kernels = microkernels_for(target, in_dtype, include_blocks=False)
+    kernels = [k for k in microkernels_for(target, in_dtype, include_blocks=False)
+               if not (k.whole_panels and shape.n % k.nr)]
+
+    def useful(kernel: Microkernel) -> float:  # N is padded to whole panels as well
+        return padded_throughput(kernel, shape.n)
+
     best_rows = _best_padding(
-        shape, kernels, lambda kernel, rows: tile_throughput(kernel) * shape.m / rows,
-        (tile_throughput(exact[0]) if exact else 0.0) * _PAD_GAIN)
+        shape, kernels, lambda kernel, rows: useful(kernel) * shape.m / rows,
+        (useful(exact[0]) if exact else 0.0) * _PAD_GAIN)
     if best_rows or not exact or shape.m < _PAD_MIN_M:
         return best_rows
     # The exact tile's blocks may leave threads idle: count the share each tile keeps busy.
     caches, threads = caches or cache_sizes(), threads or target_threads(target)
 
     def balanced(kernel: Microkernel, rows: int) -> float:
-        return tile_throughput(kernel) * shape.m / rows * thread_balance(
+        return useful(kernel) * shape.m / rows * thread_balance(
             dataclasses.replace(shape, m=rows), kernel, caches, threads)
 
     return _best_padding(shape, [k for k in kernels if not l1_aliased(k, shape)], balanced,
-                         tile_throughput(exact[0]) * _PAD_GAIN * thread_balance(
+                         useful(exact[0]) * _PAD_GAIN * thread_balance(
                              shape, exact[0], caches, threads))
 
 
