@@ -108,6 +108,11 @@ class Microkernel:
     def fits_registers(self) -> bool:
         return self.registers_used <= self.num_registers
 
+    def takes_columns(self, n: int) -> bool:
+        """Whether the tile may compute ``n`` columns: any ``n`` (padded to whole panels),
+        unless it is a ``whole_panels`` tile and ``n`` would leave a tail panel."""
+        return not self.whole_panels or n % self.panel_width == 0
+
 
 #: ``(kernel, k, tail) -> (description, implementation)`` PrimFuncs of one register tile over
 #: ``k``; ``tail`` (a ``tiles.Tail`` or None): the last weight panel's used columns only.

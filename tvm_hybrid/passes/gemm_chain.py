@@ -139,7 +139,7 @@ def streamed_rows_per_thread(target: Target) -> int:
     0.98x and 1.03x at batch 32, and 1.10x and 1.05x at batch 64 (``mlp_chain.py --batches
     8,16,24,32,64``): :data:`INTEL_L3_ROWS_PER_THREAD` rows per thread there. Targets named
     for AMD cores (``znver*``) take :data:`MIN_ROWS_PER_THREAD`, all others the Intel bar."""
-    mcpu = str(target.attrs.get("mcpu", "")) if target is not None else ""
+    mcpu = str(target.attrs.get("mcpu", ""))
     return MIN_ROWS_PER_THREAD if mcpu.startswith("znver") else INTEL_L3_ROWS_PER_THREAD
 
 

@@ -107,7 +107,7 @@ def conv_panel(kernels: list[Microkernel], width: int, channels: int) -> int | N
     ``whole_panels`` tiles only where the channels fill their panels."""
     fitting = [k for k in kernels
                if k.mr >= MIN_MR and width % k.mr == 0 and k.nr >= 2 * k.lanes
-               and not (k.whole_panels and channels % k.nr)]
+               and k.takes_columns(channels)]
     if not fitting:
         return None
     best = max(fitting, key=lambda k: (padded_throughput(k, channels), k.mr * k.nr, k.mr))

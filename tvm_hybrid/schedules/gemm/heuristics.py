@@ -163,7 +163,7 @@ def select(target: Target, in_dtype: str, shape: GemmShape, *, panel: int | None
         whole = shape.n % kernel.nr == 0 and shape.k % kernel.k_granule == 0
         if (kernel.per_block or not packing) and not whole:
             continue
-        if kernel.whole_panels and shape.n % kernel.nr:
+        if not kernel.takes_columns(shape.n):
             continue
         out.append(kernel)
     # Tiles whose rows of A share an L1 set beyond its ways rank last (see l1_aliased).
@@ -230,7 +230,7 @@ def padded_rows(target: Target, in_dtype: str, shape: GemmShape,
     if exact and exact[0].per_block:
         return 0
     kernels = [k for k in microkernels_for(target, in_dtype, include_blocks=False)
-               if not (k.whole_panels and shape.n % k.nr)]
+               if k.takes_columns(shape.n)]
 
     def useful(kernel: Microkernel) -> float:  # N is padded to whole panels as well
         return padded_throughput(kernel, shape.n)
