@@ -241,6 +241,39 @@ def test_stride_one_conv_runs_direct_without_im2col(case):
     assert not [n for n in compiled.kernel_names() if "im2col" in n]
 
 
+STRIDED = [dict(k=3, strides=[2, 2], pads=[1, 1, 1, 1], size=(13, 24), c=16, o=32),
+           dict(k=5, strides=[2, 2], pads=[2, 1, 1, 2], size=(11, 24), c=8, o=24),
+           dict(k=3, strides=[2, 2], dilations=[2, 2], pads=[2, 2, 2, 2], size=(10, 24), c=16,
+                o=16),
+           dict(k=3, strides=[3, 3], pads=[1, 1, 1, 1], size=(9, 34), c=8, o=16),
+           dict(k=3, strides=[1, 2], pads=[0, 1, 2, 0], size=(7, 24), c=16, o=16),
+           dict(k=3, strides=[2, 1], pads=[1, 1, 1, 1], size=(9, 12), c=16, o=16)]
+
+
+@pytest.mark.parametrize("case", STRIDED, ids=["3x3s2", "5x5s2-asym", "dilated-s2", "3x3s3",
+                                               "column-s2", "row-s2"])
+def test_strided_conv_runs_direct_on_its_phase_split_input(case):
+    """A strided convolution runs on the direct template, no im2col: a column stride reads the
+    padded input dealt into phases (``hybrid_phase_split``), a row stride alone the padded
+    input. Matches ONNX Runtime (12 output pixels a row: a tile of 4, 6 or 12 rows divides)."""
+    model, x = _conv_model(**case)
+    compiled = _compiles_and_matches(model, x)
+    (conv,) = [k for k in compiled.kernels.values() if "direct_conv" in k.name]
+    assert conv.schedule == "template" and "direct convolution" in conv.detail
+    names = compiled.kernel_names()
+    assert not [n for n in names if "im2col" in n], names
+    assert bool([n for n in names if "phase_split" in n]) == (case["strides"][1] > 1), names
+
+
+@pytest.mark.requires("avx2", "fma")
+def test_strided_direct_conv_on_avx2_matches():
+    # The AVX2 tiles (Zen 3's code) on the phase-split input; 12 output pixels a row.
+    model, x = _conv_model(**STRIDED[0])
+    compiled = compiles_and_matches(model, {"x": x}, target=HASWELL)
+    (conv,) = [k for k in compiled.kernels.values() if "direct_conv" in k.name]
+    assert conv.schedule == "template" and "avx2" in conv.detail, conv.detail
+
+
 def test_direct_conv_is_declined_where_no_microkernel_tiles_the_rows():
     # 17 pixels per row: no fp32 microkernel with at least 4 rows divides it, so im2col.
     model, x = _conv_model(k=3, pads=[1, 1, 1, 1], size=(6, 17), c=16, o=16)

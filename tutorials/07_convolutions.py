@@ -6,7 +6,8 @@ Stock TVM lowers every ``Conv`` to a generic loop nest that runs at about 1% of 
 peak, and every ``BatchNormalization``, ``Relu`` and residual ``Add`` after it to a kernel of its
 own. tvm_hybrid moves convolutions to NHWC once per chain (``ConvToGemm``), folds BatchNorm into
 the weights, and runs each convolution on the GEMM engine: a direct batch-reduce kernel over the
-taps for stride-1 convolutions, an im2col and the packed GEMM for the others, the weights packed
+taps (a strided one on its input dealt into column phases), an im2col and the packed GEMM where
+no microkernel tiles an output row or the convolution is a strided 1x1, the weights packed
 at compile time and the bias, ReLU and residual add in the kernel's write-back.
 
 This tutorial compiles a small ResNet (basic blocks, BatchNorm, projections) both ways, shows
@@ -35,8 +36,9 @@ stock = tvm_hybrid.compile(net.model, pipeline="stock")
 
 # %%
 # Every convolution is a template kernel; no BatchNorm, ReLU or Add is left on its own:
-# ``hybrid_direct_conv`` (stride 1, no im2col buffer) and ``hybrid_packed_matmul`` (after an
-# ``hybrid_im2col``: the strided ones, or 1x1 projections) carry their epilogues in their names.
+# ``hybrid_direct_conv`` (no im2col buffer; a strided one after a ``hybrid_phase_split``) and
+# ``hybrid_packed_matmul`` (1x1 convolutions, after an ``hybrid_im2col`` where strided) carry
+# their epilogues in their names.
 for name in hybrid.kernel_names():
     if "conv" in name or "matmul" in name:
         print("  ", name)

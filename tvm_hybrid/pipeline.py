@@ -76,7 +76,7 @@ def graph_passes(target: Target, precision: str = "fp32",
         # Integer convolutions whose sums fp32 holds exactly join the fp32 convolutions
         # before those become GEMMs.
         IntegerConvToFloat(target),
-        ConvToGemm(target),
+        ConvToGemm(target, precision),
         # A convolution's output reshape out of the way of its epilogue, before the scales
         # after it fold into the weights, before the weights are packed.
         SinkReshapes(),

@@ -21,6 +21,8 @@ IM2COL = "hybrid_im2col"
 #: The attribute of an :func:`im2col` PrimFunc holding its arguments (to re-emit it padded).
 IM2COL_ARGS = "hybrid.im2col_args"
 DIRECT_CONV = "hybrid_direct_conv"
+#: The block (and kernel) of :func:`phase_split`, a strided direct convolution's input.
+PHASE_SPLIT = "hybrid_phase_split"
 COL2IM = "hybrid_col2im"
 DEPTHWISE = "hybrid_depthwise_conv"
 #: The block a :func:`depthwise_conv` computes in (the profile report names its kernel by it).
@@ -129,20 +131,54 @@ def pack_grouped_conv_weight(w: np.ndarray, groups: int, nr: int) -> np.ndarray:
                      for g in range(groups)])
 
 
+def phase_split(x: te.Tensor, padding: tuple[int, int, int, int], stride: int) -> te.Tensor:
+    """NHWC ``x`` zero-padded by ``(top, left, bottom, right)`` with its columns dealt into
+    ``stride`` phases: ``Xs[n, y, p, q, c] = Xp[n, y, q * stride + p, c]`` (``Xp`` the padded
+    input, zero past its width). A convolution of column stride ``stride`` reads, for one tap,
+    the pixels ``x * stride + kx`` of an output row's ``x``: in ``Xs`` they are consecutive
+    (phase ``kx % stride``, from ``q = x + kx // stride``), an ``mr x C`` matrix of leading
+    dimension ``C`` that the microkernel reads in place, as in a stride-1 convolution. The
+    copy replaces the padding's (the same bytes), not im2col's ``KH * KW / stride**2`` times
+    the input."""
+    n, h, w, c = (int(d) for d in x.shape)
+    top, left, bottom, right = padding
+    width = -(-(left + w + right) // stride)
+
+    def value(b, y, p, q, ch):
+        col = q * stride + p - left
+        inside = tirx.all(y >= top, y < h + top, col >= 0, col < w)
+        return tirx.if_then_else(
+            inside, x[b, tirx.min(tirx.max(y - top, 0), h - 1),
+                      tirx.min(tirx.max(col, 0), w - 1), ch], tirx.const(0, x.dtype))
+
+    return te.compute((n, top + h + bottom, stride, width, c), value, name=PHASE_SPLIT)
+
+
 def direct_conv(xp: te.Tensor, packed: te.Tensor, dilation: tuple[int, int],
-                out_hw: tuple[int, int], channels: int) -> te.Tensor:
-    """The stride-1 NHWC convolution of the padded ``xp[N, H, W, C]`` by
-    :func:`pack_conv_weight`'s ``packed``, ``channels`` outputs: the direct template's compute
+                out_hw: tuple[int, int], channels: int,
+                strides: tuple[int, int] = (1, 1)) -> te.Tensor:
+    """The NHWC convolution of the padded ``xp[N, H, W, C]`` (or, for a column stride over 1,
+    :func:`phase_split`'s ``xp[N, H, stride, W', C]``) by :func:`pack_conv_weight`'s
+    ``packed``, ``channels`` outputs: the direct template's compute
     (``schedules/conv_template.py``)."""
     panels, kh, kw, c, nr = (int(d) for d in packed.shape)
+    (sh, sw), (dh, dw) = strides, dilation
+    if (len(xp.shape) == 5) != (sw > 1):
+        raise ValueError(f"direct_conv: column stride {sw} needs a phase-split input "
+                         f"(5-d) exactly when over 1; got {len(xp.shape)}-d")
     ky = te.reduce_axis((0, kh), name="ky")
     kx = te.reduce_axis((0, kw), name="kx")
     rc = te.reduce_axis((0, c), name="rc")
+
+    def pixel(b, y, x):
+        if sw == 1:
+            return xp[b, y * sh + ky * dh, x + kx * dw, rc]
+        return xp[b, y * sh + ky * dh, kx * dw % sw, x + kx * dw // sw, rc]
+
     out = te.compute(
         (int(xp.shape[0]), *out_hw, panels * nr),
         lambda b, y, x, o: te.sum(
-            xp[b, y + ky * dilation[0], x + kx * dilation[1], rc]
-            * packed[o // nr, ky, kx, rc, o % nr], axis=[ky, kx, rc]),
+            pixel(b, y, x) * packed[o // nr, ky, kx, rc, o % nr], axis=[ky, kx, rc]),
         name=DIRECT_CONV_BLOCK)
     if panels * nr == channels:
         return out

@@ -1,8 +1,11 @@
 """The direct convolution template: a batch-reduce GEMM over the taps, no im2col buffer.
 
-For the stride-1 NHWC convolution of ``passes/conv_gemm.py`` (``direct_conv``)::
+For the NHWC convolution of ``passes/conv_gemm.py`` (``direct_conv``)::
 
-    Y[b, y, x, o] += Xp[b, y + ky * dh, x + kx * dw, c] * W[o // nr, ky, kx, c, o % nr]
+    Y[b, y, x, o] += Xp[b, y * sh + ky * dh, x + kx * dw, c] * W[o // nr, ky, kx, c, o % nr]
+
+(a column stride ``sw`` over 1 reads ``Xs[b, y * sh + ky * dh, kx * dw % sw,
+x + kx * dw // sw, c]``, the padded input dealt into ``sw`` phases: ``conv_computes.phase_split``)
 
 (``Xp`` the padded input, ``W`` prepacked in panels of ``nr`` output channels), the rows of
 ``mr`` consecutive output pixels read ``mr`` consecutive input pixels, ``C`` channels each: for
@@ -216,7 +219,8 @@ def conv_shape(sch: s_tir.Schedule, block) -> ConvShape | None:
         if not isinstance(iv.dom.extent, IntImm):
             return None
         extents.append(int(iv.dom.extent))
-    weights = [r.source for r in stmt.reads if len(r.source.shape) == (6 if grouped else 5)]
+    # The first read is the input (4-d, or 5-d phase-split), the weights come after it.
+    weights = [r.source for r in stmt.reads[1:] if len(r.source.shape) == (6 if grouped else 5)]
     if len(weights) != 1 or str(stmt.body.buffer.dtype) != "float32":
         return None
     if grouped:
