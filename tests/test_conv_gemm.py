@@ -274,6 +274,38 @@ def test_strided_direct_conv_on_avx2_matches():
     assert conv.schedule == "template" and "avx2" in conv.detail, conv.detail
 
 
+@pytest.mark.parametrize("channels,size,direct", [(3, (640, 640), True), (1, (640, 640), False),
+                                                   (3, (48, 96), False)],
+                         ids=["rgb-large", "one-channel", "rgb-small"])
+def test_rgb_stem_runs_direct_where_its_im2col_would_leave_the_l2(channels, size, direct):
+    """A 3-channel 3x3 stem (stride 2, 16 outputs) runs on the direct template, 3 channels a
+    tap on a one-vector tile, where its im2col buffer (320 x 320 x 27 fp32, 11 MB) would not
+    stay in a core's L2; on a small image, or with one channel, it keeps im2col. Each matches
+    ONNX Runtime."""
+    model, x = _conv_model(k=3, strides=[2, 2], pads=[1, 1, 1, 1], size=size, c=channels, o=16,
+                           batch=1)
+    compiled = _compiles_and_matches(model, x)
+    names = compiled.kernel_names()
+    convs = [k for k in compiled.kernels.values() if "direct_conv" in k.name]
+    assert bool(convs) == direct and bool([n for n in names if "im2col" in n]) != direct, names
+    if direct:
+        (conv,) = convs
+        lanes = 16 if "avx512" in conv.detail else 8
+        assert conv.schedule == "template" and f"taps of K={channels}" in conv.detail
+        assert re.search(rf"\dx{max(16, lanes)} microkernel", conv.detail), conv.detail
+
+
+def test_narrow_conv_panels_only_for_dense_convolutions_of_few_channels():
+    from tvm_hybrid.microkernels import microkernels_for
+    from tvm_hybrid.schedules.conv_template import conv_panel
+
+    target = tvm_hybrid.host.make_target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+    kernels = microkernels_for(target, "float32")
+    assert conv_panel(kernels, 160, 16, narrow=True) == 16  # one AVX-512 vector
+    assert conv_panel(kernels, 160, 16) == 32  # a grouped convolution's rule: two vectors
+    assert conv_panel(kernels, 160, 64, narrow=True) >= 32
+
+
 def test_direct_conv_is_declined_where_no_microkernel_tiles_the_rows():
     # 17 pixels per row: no fp32 microkernel with at least 4 rows divides it, so im2col.
     model, x = _conv_model(k=3, pads=[1, 1, 1, 1], size=(6, 17), c=16, o=16)
