@@ -94,6 +94,7 @@ _MIN_GROUP_CHANNELS = 4
 #: The most pixels a grouped 1x1 convolution's row (all its pixels) is padded by for a tile.
 MAX_PIXEL_PADDING = 3
 _NHWC = ("NHWC", "OHWI", "NHWC")
+_NCHW = ("NCHW", "OIHW", "NCHW")
 #: Fewer input channels than this per tap keep im2col (the microkernel's K would be too short),
 #: except :func:`_shallow_direct` ones.
 _MIN_DIRECT_DEPTH = 8
@@ -116,7 +117,7 @@ def _shallow_direct(channels: int, taps: int, im2col_bytes: int) -> bool:
     7.4 MiB: 49 taps of one multiply-add each), though on 448 x 448 it won (1.18x)."""
     return (_SHALLOW_DEPTH <= channels and taps <= _SHALLOW_TAPS
             and im2col_bytes > cache_sizes().l2)
-_NCHW = ("NCHW", "OIHW", "NCHW")
+
 
 #: What ``ConvertLayout`` is asked for; transposed convolutions stay NCHW (the only layout
 #: TVM legalizes for them).
