@@ -41,7 +41,7 @@ from .kernel import (
     FLOPS_ATTR,
     SHAPE_ATTR,
     apply_masks,
-    fast_exp,
+    exp_nonpositive,
     kept_params,
 )
 from .workload import AttentionShape, element_offset
@@ -201,7 +201,7 @@ def bf16_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.
                 qk_tiles(KW, M, C, QP, ST, mx, b, h, q0, kv - kv % qk.mr, kv % qk.mr, 1)
             for j in range(kv):
                 for i in T.vectorized(bq):
-                    ST[j, i] = fast_exp(ST[j, i] - mx[i])
+                    ST[j, i] = exp_nonpositive(ST[j, i] - mx[i])
                     ls[i] = ls[i] + ST[j, i]
             for g in range(pairs):
                 for i in T.vectorized(bq):
