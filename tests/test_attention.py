@@ -235,6 +235,24 @@ def test_fused_attention_assembly_keeps_tiles_in_registers(target):
     assert stored <= len(fmas) // 4, f"{stored} of {len(fmas)} FMAs stored at once"
 
 
+@pytest.mark.parametrize("target", [HASWELL, ZNVER4], ids=["haswell", "znver4"])
+def test_query_block_is_transposed_in_registers(target):
+    """Q's block is transposed a vector-square tile at a time with shuffles (``vshufps`` among
+    them) where its channels fill whole vectors; a head dimension of 20 takes the element-wise
+    copy (no ``vshufps``). Numerics of both: the kernel cases above."""
+    register = "zmm" if target is ZNVER4 else "ymm"
+    counts = {}
+    for d in (64, 20):
+        shape = AttentionShape(1, 2, 64, 100, d, mask_shape=(1, 1, 1, 100), scale=0.125)
+        func = attention_kernel(shape, choose_knobs(target, shape)).with_attr(
+            "global_symbol", "attention")
+        asm = tvm.compile(tvm.IRModule({"attention": func}), target=target).mod.inspect_source(
+            "s")
+        counts[d] = len(re.findall(rf"vshufps\s[^\n]*%{register}", asm))
+    lanes = 16 if target is ZNVER4 else 8
+    assert counts[64] >= 2 * lanes and counts[20] == 0, counts
+
+
 # --- the graph pass ---------------------------------------------------------------------------
 
 
