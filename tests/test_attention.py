@@ -9,6 +9,7 @@ Runtime; no ``q_len x kv_len`` buffer anywhere in the compiled model.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
@@ -31,7 +32,15 @@ from tvm_hybrid.schedules.attention import (
     attention_kernel,
     choose_knobs,
 )
-from tvm_hybrid.schedules.attention.heuristics import KEY_BLOCK, STACK_BYTES, TILE_BYTES
+from tvm_hybrid.schedules.attention.heuristics import (
+    COPY_BYTES,
+    KEY_BLOCK,
+    STACK_BYTES,
+    TILE_BYTES,
+    fits,
+    knobs_from_dict,
+    variants,
+)
 from tvm_hybrid.schedules.attention.kernel import exp_nonpositive
 from tvm_hybrid.testing.relax_modules import relax_function
 
@@ -65,8 +74,8 @@ def _to_layout(a, layout):
                                  "bhds": a.transpose(0, 1, 3, 2)}[layout])
 
 
-def _run_kernel(shape: AttentionShape, target, mask, cond=None):
-    knobs = choose_knobs(target, shape)
+def _run_kernel(shape: AttentionShape, target, mask, cond=None, knobs=None):
+    knobs = knobs or choose_knobs(target, shape)
     assert knobs is not None, shape.describe()
     func = attention_kernel(shape, knobs).with_attr("global_symbol", "attention")
     ex = tvm.compile(tvm.IRModule({"attention": func}), target=target)
@@ -123,6 +132,62 @@ def test_fused_attention_kernel_matches_numpy(case, target):
     got, want, _ = _run_kernel(shape, target or host_target(), mask)
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+COPIED = [
+    # Head splits read in place (rows heads * d apart), K transposed, every tail: a last
+    # partial query block, a short key block, 15 and 40 channels, one head per task.
+    (2, 2, 150, 300, 32, ("bshd", "bhds", "bshd", "bshd"), "padding"),
+    (1, 4, 130, 77, 40, ("bshd",) * 4, "causal"),
+    (2, 2, 70, 70, 15, ("bshd", "bshd", "bhsd", "bshd"), None),
+]
+
+
+@pytest.mark.parametrize("target", [None, HASWELL], ids=["host", "haswell"])
+@pytest.mark.parametrize("case", COPIED, ids=lambda c: "x".join(map(str, c[:5])))
+def test_heads_copied_into_consecutive_rows_match_numpy(case, target):
+    """``copy_heads``: one task per head copies K and V into consecutive rows and runs all
+    the head's query blocks on them; the same numerics as reading them in place."""
+    batch, heads, q_len, kv_len, d, layouts, mask_kind = case
+    mask = _padding_mask(batch, kv_len) if mask_kind == "padding" else (
+        np.triu(np.full((q_len, kv_len), -np.inf, "float32"), 1)[None, None]
+        if mask_kind == "causal" else None)
+    shape = AttentionShape(batch, heads, q_len, kv_len, d, *layouts,
+                           mask_shape=None if mask is None else mask.shape,
+                           scale=1 / math.sqrt(d))
+    target = target or host_target()
+    knobs = dataclasses.replace(choose_knobs(target, shape), copy_heads=True)
+    assert fits(shape, knobs) and "K and V copied per head" in knobs.describe()
+    got, want, _ = _run_kernel(shape, target, mask, knobs=knobs)
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+def test_heads_are_copied_where_rows_lie_apart_and_every_thread_has_whole_tasks():
+    """Rule 5 on 2 threads: a BERT head split (rows 768 floats apart) copies, as does a
+    transposed K; heads already [b, h, s, d] do not, nor one query block, nor 3 heads on 2
+    threads, nor K and V over :data:`COPY_BYTES`; records round-trip the knob."""
+    def knobs(batch, heads, seq, layouts, kv=None):
+        shape = AttentionShape(batch, heads, seq, kv or seq, 64, *layouts,
+                               mask_shape=(batch, 1, 1, kv or seq), scale=0.125)
+        return shape, choose_knobs(HASWELL, shape)
+
+    split = ("bshd",) * 4
+    assert knobs(8, 12, 128, split)[1].copy_heads
+    assert knobs(1, 16, 512, split)[1].copy_heads
+    assert knobs(1, 2, 200, ("bhsd", "bhds", "bhsd", "bhsd"))[1].copy_heads
+    assert not knobs(8, 12, 128, ("bhsd",) * 4)[1].copy_heads
+    assert not knobs(8, 12, 32, split)[1].copy_heads  # one query block of 32
+    assert not knobs(1, 3, 128, split)[1].copy_heads
+    shape, long = knobs(1, 2, 128, split, kv=COPY_BYTES // (2 * 64 * 4) + 1)
+    assert not long.copy_heads
+    assert not fits(shape, dataclasses.replace(long, copy_heads=True))
+    shape, copied = knobs(8, 12, 128, split)
+    assert knobs_from_dict(HASWELL, copied.as_dict(), shape) == copied
+    assert sum(k.copy_heads != copied.copy_heads for k in variants(HASWELL, shape)) == 1
+    record = copied.as_dict()
+    del record["copy_heads"]  # a record from before the knob: reads in place
+    assert not knobs_from_dict(HASWELL, record, shape).copy_heads
 
 
 @pytest.mark.parametrize("keep_if", [True, False])

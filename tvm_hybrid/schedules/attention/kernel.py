@@ -144,10 +144,7 @@ def attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.PrimF
     bq, bk, heads = knobs.q_block, knobs.k_block, shape.heads
     q_blocks = -(-q_len // bq)
     full_blocks, tail = divmod(kv_len, bk)
-    tasks = shape.batch * heads * q_blocks
     scale = T.float32(shape.scale if shape.scale is not None else 1.0)
-    k_row, k_col = row_strides(shape.k_layout, shape, kv_len)
-    v_row, _ = row_strides(shape.v_layout, shape, kv_len)
     sizes = {"q": q_len, "k": kv_len, "v": kv_len, "o": q_len}
     layouts = {"q": shape.q_layout, "k": shape.k_layout, "v": shape.v_layout,
                "o": shape.out_layout}
@@ -155,6 +152,16 @@ def attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.PrimF
 
     def at(name, b, h, row, col):
         return element_offset(layouts[name], shape, sizes[name], b, h, row, col)
+
+    # With copy_heads, a task copies its head's K and V into consecutive rows (KC, VC) and
+    # runs all its query blocks on them: the products read those rows, not the operands'.
+    copied = knobs.copy_heads
+    tasks = shape.batch * heads * (1 if copied else q_blocks)
+    k_row, k_col = (d, 1) if copied else row_strides(shape.k_layout, shape, kv_len)
+    v_row = d if copied else row_strides(shape.v_layout, shape, kv_len)[0]
+
+    def kv_at(name, b, h, row, col):
+        return row * d + col if copied else at(name, b, h, row, col)
 
     qk_vectors, pv_vectors = qk.nr // lanes, pv.nr // lanes
     pv_tile = {kc: broadcast_fma(pv, kc) for kc in {bk, tail} if kc}
@@ -199,7 +206,7 @@ def attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.PrimF
                 for v in T.unroll(qk_vectors):
                     acc[j, T.ramp(v * lanes, 1, lanes)] = T.broadcast(T.float32(0), lanes)
             keys_in = T.decl_buffer((rows, d), "float32", data=Kf.data,
-                                    elem_offset=at("k", b, h, k0 + row0 + jt * rows, 0),
+                                    elem_offset=kv_at("k", b, h, k0 + row0 + jt * rows, 0),
                                     strides=[k_row, k_col])
             tile(keys_in, QT, acc)
             for j in T.unroll(rows):
@@ -237,7 +244,7 @@ def attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.PrimF
             probs = T.decl_buffer((pv.mr, keys), "float32", data=ST.data,
                                   elem_offset=it * pv.mr, strides=[1, bq])
             values = T.decl_buffer((keys, pv.nr), "float32", data=Vf.data,
-                                   elem_offset=at("v", b, h, k0, ct * pv.nr),
+                                   elem_offset=kv_at("v", b, h, k0, ct * pv.nr),
                                    strides=[v_row, 1])
             pv_tile[keys](probs, values, acc)
             for i in T.unroll(pv.mr):
@@ -253,11 +260,39 @@ def attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.PrimF
                 probs = T.decl_buffer((pv.mr, keys), "float32", data=ST.data,
                                       elem_offset=it * pv.mr, strides=[1, bq])
                 values = T.decl_buffer((keys, c_rest), "float32", data=Vf.data,
-                                       elem_offset=at("v", b, h, k0, c0), strides=[v_row, 1])
+                                       elem_offset=kv_at("v", b, h, k0, c0),
+                                       strides=[v_row, 1])
                 pv_rest[keys](probs, values, acc)
                 for i in T.unroll(pv.mr):
                     for c in T.vectorized(c_rest):
                         Ob[it * pv.mr + i, c0 + c] = acc[i, c]
+
+    @T.macro
+    def query_block(Qf, Kf, Vf, M, C, Of, QT, ST, Ob, mx, ls, mb, b, h, q0):
+        for i in T.vectorized(bq):
+            mx[i] = T.float32(_LOWEST)
+            ls[i] = T.float32(0)
+        for i in range(bq):
+            for c in T.vectorized(d):
+                Ob[i, c] = T.float32(0)
+        if shuffled and q0 + bq <= q_len:
+            for i0, c0 in T.grid(bq // lanes, d // lanes):
+                transpose_tile(Qf, QT, ST, b, h, q0, i0 * lanes, c0 * lanes)
+        else:
+            for i, c in T.grid(bq, d):
+                QT[c, i] = T.if_then_else(
+                    q0 + i < q_len, Qf[at("q", b, h, T.min(q0 + i, q_len - 1), c)],
+                    T.float32(0))
+        for kb in range(full_blocks):
+            key_block(Kf, Vf, M, C, QT, ST, Ob, mx, ls, mb, b, h, q0, kb * bk, bk)
+        if tail > 0:
+            key_block(Kf, Vf, M, C, QT, ST, Ob, mx, ls, mb, b, h, q0, full_blocks * bk, tail)
+        for i in T.vectorized(bq):
+            ls[i] = T.float32(1.0) / ls[i]  # one division per query, not per channel
+        for i in range(bq):
+            if q0 + i < q_len:
+                for c in T.vectorized(d):
+                    Of[at("o", b, h, q0 + i, c)] = Ob[i, c] * ls[i]
 
     @T.macro
     def body(Q, K, V, M, C, Out):
@@ -273,33 +308,22 @@ def attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.PrimF
             mx = T.alloc_buffer((bq,), "float32")
             ls = T.alloc_buffer((bq,), "float32")
             mb = T.alloc_buffer((bq,), "float32")
-            b = T.meta_var(t // (heads * q_blocks))
-            h = T.meta_var(t // q_blocks % heads)
-            q0 = T.meta_var(t % q_blocks * bq)
-            for i in T.vectorized(bq):
-                mx[i] = T.float32(_LOWEST)
-                ls[i] = T.float32(0)
-            for i in range(bq):
-                for c in T.vectorized(d):
-                    Ob[i, c] = T.float32(0)
-            if shuffled and q0 + bq <= q_len:
-                for i0, c0 in T.grid(bq // lanes, d // lanes):
-                    transpose_tile(Qf, QT, ST, b, h, q0, i0 * lanes, c0 * lanes)
-            else:
-                for i, c in T.grid(bq, d):
-                    QT[c, i] = T.if_then_else(
-                        q0 + i < q_len, Qf[at("q", b, h, T.min(q0 + i, q_len - 1), c)],
-                        T.float32(0))
-            for kb in range(full_blocks):
-                key_block(Kf, Vf, M, C, QT, ST, Ob, mx, ls, mb, b, h, q0, kb * bk, bk)
-            if tail > 0:
-                key_block(Kf, Vf, M, C, QT, ST, Ob, mx, ls, mb, b, h, q0, full_blocks * bk, tail)
-            for i in T.vectorized(bq):
-                ls[i] = T.float32(1.0) / ls[i]  # one division per query, not per channel
-            for i in range(bq):
-                if q0 + i < q_len:
+            if copied:
+                KC = T.alloc_buffer((kv_len * d,), "float32")
+                VC = T.alloc_buffer((kv_len * d,), "float32")
+                b = T.meta_var(t // heads)
+                h = T.meta_var(t % heads)
+                for j in range(kv_len):
                     for c in T.vectorized(d):
-                        Of[at("o", b, h, q0 + i, c)] = Ob[i, c] * ls[i]
+                        KC[j * d + c] = Kf[at("k", b, h, j, c)]
+                    for c in T.vectorized(d):
+                        VC[j * d + c] = Vf[at("v", b, h, j, c)]
+                for qb in range(q_blocks):
+                    query_block(Qf, KC, VC, M, C, Of, QT, ST, Ob, mx, ls, mb, b, h, qb * bq)
+            else:
+                query_block(Qf, Kf, Vf, M, C, Of, QT, ST, Ob, mx, ls, mb,
+                            t // (heads * q_blocks), t // q_blocks % heads,
+                            t % q_blocks * bq)
 
     attrs = {"tirx.noalias": True, "tirx.is_scheduled": True, "op_pattern": 8,
              ATTENTION_ATTR: knobs.describe(), FLOPS_ATTR: shape.flops, SHAPE_ATTR: shape.key}
