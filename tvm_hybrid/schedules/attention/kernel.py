@@ -1,13 +1,15 @@
 """The fused attention kernel: one TIR function per attention shape and knob set.
 
-One parallel task per ``(batch, head, query block)``; per task, in L1/L2 and with no
-``q_len x kv_len`` buffer anywhere::
+One parallel task per ``(batch, head, query block)``, or with the ``copy_heads`` knob one per
+``(batch, head)`` that first copies the head's ``K`` and ``V`` into consecutive rows (a head
+split read in place has its rows ``heads * d`` apart) and then runs its query blocks in turn;
+per query block, in L1/L2 and with no ``q_len x kv_len`` buffer anywhere::
 
     QT[d, i]  = Q[q0 + i, d]                        # the query block, transposed once
     m, l, O   = -inf, 0, 0                          # running max, sum, output rows
     for each key block [k0, k0 + k_block):          # online (flash-style) softmax
         ST[j, i] = scale * K[k0 + j, :] . QT[:, i] + mask   # K.Q^T: qk register tiles,
-        m'       = max(m, max_j ST[:, i])                   #   K read in place (no copy)
+        m'       = max(m, max_j ST[:, i])                   #   K read where it lies
         ST       = exp(ST - m');  l = l * exp(m - m') + sum_j ST
         O        = O * exp(m - m') + ST^T . V[k0:, :]       # P.V: pv register tiles
         m        = m'
@@ -15,8 +17,8 @@ One parallel task per ``(batch, head, query block)``; per task, in L1/L2 and wit
 
 Scores are kept transposed (keys x queries) so that the row statistics of the softmax are
 vector operations across queries, with no horizontal reductions, and ``K`` is the broadcast
-operand of its product (read where it lies, in any layout), ``V`` the vector operand of its
-own. Both products run the fp32 microkernel body of the registry
+operand of its product (read where it lies, in any layout, or from the head's copy), ``V``
+the vector operand of its own. Both products run the fp32 microkernel body of the registry
 (:func:`~tvm_hybrid.microkernels.tiles.broadcast_fma`) on views of the operands. Tails: keys
 that do not fill a ``qk`` tile (and the last, shorter key block) run on a remainder tile of
 fewer rows, and head channels that do not fill a ``pv`` tile on one tile of exactly the
