@@ -456,12 +456,11 @@ class _Rewriter(TargetMutator):
         column stride over 1: :func:`phase_split`), when a microkernel tiles the output rows
         (else None: im2col)."""
         o, kh, kw, c = w.shape
-        im2col_bytes = int(x.ty.shape[0]) * out_hw[0] * out_hw[1] * kh * kw * c * 4
-        deep_enough = c >= _MIN_DIRECT_DEPTH or _shallow_direct(c, kh * kw, im2col_bytes)
+        pixels, depth = int(x.ty.shape[0]) * out_hw[0] * out_hw[1], kh * kw * c
+        deep_enough = c >= _MIN_DIRECT_DEPTH or _shallow_direct(c, kh * kw, pixels * depth * 4)
         if kh * kw == 1 or not deep_enough or (strides != (1, 1) and not self.strided_direct):
             return None
-        if _gemm_splits_k(self.target, int(x.ty.shape[0]) * out_hw[0] * out_hw[1], o,
-                          kh * kw * c):
+        if _gemm_splits_k(self.target, pixels, o, depth):
             return None
         nr = conv_panel(microkernels_for(self.target, "float32"), out_hw[1], o, narrow=True)
         if nr is None:

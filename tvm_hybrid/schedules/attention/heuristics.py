@@ -114,8 +114,8 @@ class AttentionKnobs:
 
     @property
     def key(self) -> str:
-        return f"{self.qk.name}|{self.pv.name}|{self.k_block}" + ("|heads" if self.copy_heads
-                                                                   else "")
+        key = f"{self.qk.name}|{self.pv.name}|{self.k_block}"
+        return f"{key}|heads" if self.copy_heads else key
 
     def describe(self) -> str:
         if self.qk.per_block:
@@ -312,11 +312,15 @@ def rows_apart(shape: AttentionShape) -> bool:
                for layout in (shape.k_layout, shape.v_layout))
 
 
+def copy_fits(shape: AttentionShape) -> bool:
+    """Whether one head's K and V (fp32) fit :data:`COPY_BYTES` (rule 5)."""
+    return 2 * shape.kv_len * shape.head_dim * 4 <= COPY_BYTES
+
+
 def copies_heads(shape: AttentionShape, q_block: int, threads: int) -> bool:
     """Rule 5: whether one task per head copies its K and V into consecutive rows."""
     heads = shape.batch * shape.heads
-    return (rows_apart(shape) and shape.q_len > q_block
-            and 2 * shape.kv_len * shape.head_dim * 4 <= COPY_BYTES
+    return (rows_apart(shape) and shape.q_len > q_block and copy_fits(shape)
             and heads >= threads and (heads % threads == 0 or heads >= 4 * threads))
 
 
@@ -360,8 +364,7 @@ def fits(shape: AttentionShape, knobs: AttentionKnobs) -> bool:
     return (qk.nr % qk.lanes == 0 and pv.nr % pv.lanes == 0 and qk.fits_registers()
             and pv.fits_registers() and qk.lanes == pv.lanes
             and knobs.q_block % pv.mr == 0 and 0 < knobs.k_block <= shape.kv_len
-            and (not knobs.copy_heads
-                 or 2 * shape.kv_len * shape.head_dim * 4 <= COPY_BYTES))
+            and (not knobs.copy_heads or copy_fits(shape)))
 
 
 def _grouped_variants(family, shape: AttentionShape) -> list[AttentionKnobs]:
