@@ -218,6 +218,20 @@ def test_blocks_keep_every_core_busy_when_a_split_exists():
     assert (49 // mb) * (11 // nb) >= 2, (mb, nb)
 
 
+def test_blocks_read_streamed_weights_once_when_a_stays_in_l2():
+    """captcha_ocr's classifier: 32 rows of A (128 KiB, in L2) over 8224 x 1024 weights (32 MiB,
+    257 panels of 32, a prime). Counting A's re-reads as memory traffic split the rows into two
+    blocks, each thread streaming all the weights; with A's share discounted each block takes
+    all 32 rows and one panel, so the weights are read once (1.11x on captcha_ocr). Weights of
+    a few hundred KiB keep the old balance: A's discount applies only to weights of four L2s."""
+    kernel = next(k for k in fma.AVX512.kernels if (k.mr, k.nr) == (8, 32))
+    caches = CacheSizes(l1d=48 * 1024, l2=2 << 20, l3=300 << 20)
+    assert choose_blocks(GemmShape(1, 32, 8224, 1024), kernel, caches, threads=2) == (4, 1)
+    # The same rows over 1.4 MB of weights (Inception v2's 50 x 352 x 1024, 48 rows here): the
+    # threads find those weights in cache again, and the rows stay split in two.
+    assert choose_blocks(GemmShape(1, 48, 352, 1024), kernel, caches, threads=2)[0] == 3
+
+
 def test_knobs_are_schedule_decisions():
     """The template's block sizes are recorded as sample_perfect_tile decisions in the trace."""
     from tvm import s_tir, te

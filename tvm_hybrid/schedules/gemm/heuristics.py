@@ -22,15 +22,17 @@ The model, in the spirit of the oneDNN Graph Compiler's:
               + overhead / (mb * nb * mr * nr)
 
    ``1 / (nb * nr) + 1 / (mb * mr)`` is memory traffic per FLOP of a block (its ``A`` and
-   ``B`` are each read from memory once: square-ish blocks are best) and ``compute`` the
-   FLOP's own cost in the same units (:data:`_COMPUTE`: an element from memory costs about
-   as much as 20 FMAs); ``balance = blocks / (threads * ceil(blocks / threads))`` scales both
-   by the share of the cores a thread split keeps busy; the last term charges each block's
-   loop and thread-scheduling overhead. (Without ``compute`` a 196-row GEMM of 11 column
-   tiles, 7 x 11 row tiles, took one block on one core: 49 x 4 rows have less traffic than
-   7 x 4; 268 us against 133 us for 192 rows, on a Zen 3.) Constraint: the ``A`` block plus
-   one ``B`` panel fit in half of L2, ``(mb * mr + nr) * K * 4 <= L2 / 2``, so ``A`` is read from
-   L2, not memory, for every ``N`` tile. A per-block (AMX) kernel's block accumulates in
+   ``B`` are each read from memory once: square-ish blocks are best; ``A``'s share counts a
+   quarter, :data:`_A_IN_L2_TRAFFIC`, where all of ``A`` stays in L2 and ``B`` streams from
+   memory) and ``compute`` the FLOP's own cost in the same units (:data:`_COMPUTE`: an
+   element from memory costs about as much as 20 FMAs); ``balance = blocks / (threads *
+   ceil(blocks / threads))`` scales both by the share of the cores a thread split keeps busy;
+   the last term charges each block's loop and thread-scheduling overhead. (Without
+   ``compute`` a 196-row GEMM of 11 column tiles, 7 x 11 row tiles, took one block on one
+   core: 49 x 4 rows have less traffic than 7 x 4; 268 us against 133 us for 192 rows, on a
+   Zen 3.) Constraint: the ``A`` block plus one ``B`` panel fit in half of L2,
+   ``(mb * mr + nr) * K * 4 <= L2 / 2``, so ``A`` is read from L2, not memory, for every
+   ``N`` tile. A per-block (AMX) kernel's block accumulates in
    memory, so its accumulators are also kept to an eighth of L2
    (:data:`_BLOCK_ACCUMULATOR_L2_SHARE`).
 3. **K blocks.** Where that constraint leaves one row tile per block (``K`` large) although
@@ -71,6 +73,15 @@ _INPUT_BYTES = {"float32": 4, "bfloat16": 2, "int16": 2, "uint8": 1, "int8": 1}
 _BLOCK_OVERHEAD = 4.0
 # Cost of one FLOP in those units (an element read from memory ~ 20 FMAs).
 _COMPUTE = 0.05
+# Rule 2's traffic of A where all of A fits the block budget (half of L2) and B is weights of
+# at least _K_SPLIT_MIN_L2S L2s: every block after a thread's first reads A from its L2, while
+# B streams from memory. Counted in full, 32 rows of A over 8224 x 1024 weights (captcha_ocr's
+# classifier; 257 panels, a prime) were split into two row blocks, each thread streaming all
+# 34 MB of weights, rather than into 257 panels of all 32 rows: captcha_ocr ran 1.11x faster
+# with the panels on a 2-core Emerald Rapids (9 of 9 rounds, same process, outputs identical).
+# With any B over half of L2 the discount also changed Inception v1 (0.99x), Inception v2 and
+# SqueezeNet (1.01x), whose weights (1.4-2 MB) the threads find in cache again.
+_A_IN_L2_TRAFFIC = 0.25
 # A per-block (AMX) kernel accumulates its whole block in memory (zeroed, loaded and stored
 # by the tiles, read by the epilogue): the block's accumulators are kept to this share of L2.
 # int8 1024^3 on a 2-core Emerald Rapids (2 MB L2): 512 x 1024 blocks (2 MB of int32) 0.755 ms;
@@ -333,6 +344,9 @@ def choose_blocks(shape: GemmShape, kernel: Microkernel, caches: CacheSizes,
     """``(m_block, n_block)`` in tiles (rule 2 of the module docstring)."""
     m_tiles, n_tiles = shape.m // kernel.mr, shape.n // kernel.nr
     budget = caches.l2 // 2
+    a_in_l2 = (shape.m * shape.k * shape.itemsize <= budget
+               and shape.n * shape.k * shape.itemsize >= _K_SPLIT_MIN_L2S * caches.l2)
+    a_traffic = _A_IN_L2_TRAFFIC if a_in_l2 else 1.0
     best, best_cost = (1, 1), math.inf
     for mb in _divisors(m_tiles):
         if mb > 1 and (mb * kernel.mr + kernel.nr) * shape.k * shape.itemsize > budget:
@@ -344,7 +358,8 @@ def choose_blocks(shape: GemmShape, kernel: Microkernel, caches: CacheSizes,
             blocks = shape.batch * (m_tiles // mb) * (n_tiles // nb)
             balance = _balance(blocks, threads)
             rows, cols = mb * kernel.mr, nb * kernel.nr
-            cost = (_COMPUTE + 1 / cols + 1 / rows) / balance + _BLOCK_OVERHEAD / (rows * cols)
+            cost = (_COMPUTE + a_traffic / cols + 1 / rows) / balance \
+                + _BLOCK_OVERHEAD / (rows * cols)
             if cost < best_cost - 1e-12:
                 best, best_cost = (mb, nb), cost
     return best
