@@ -14,7 +14,8 @@ gelu_tanh  ``gelu_tanh(y)``, or the tanh formula of ONNX exports           --
 relu       ``relu(y)``; likewise ``sigmoid``, ``tanh``                     --
 silu       ``y * sigmoid(y)``                                              --
 clip       ``minimum(maximum(y, lo), hi)`` (ReLU6, clips)                  --
-hardswish  ``y * clip(y + 3, 0, 6) / 6`` (TVM's import; paddle's order)    --
+hardswish  ``y * clip(y + 3, 0, 6) / 6`` (TVM's import; paddle's order;    --
+           ``* (1 / 6)`` as well)
 hardsig... ``y * clip(a * y + b, 0, 1)`` (HardSigmoid times its input)     --
 residual   ``y + r``, ``r`` a tensor broadcasting to the output          :func:`check_residual`
 then_relu  ``relu`` or a clip after the residual (ResNet's ReLU)          --
@@ -179,10 +180,13 @@ def _silu(y):
 
 def _hardswish(y):
     """``y * clip(y + 3, 0, 6) / 6`` as TVM imports HardSwish, and as paddle exports it
-    (``y * clip(y + 3) / 6`` with the division last)."""
+    (``y * clip(y + 3) / 6`` with the division last); either division also as the
+    multiplication by ``1 / 6`` that ``ReciprocalDivisors`` makes of it."""
     clipped = _clip(is_op("relax.add")(y, is_const()))
-    return (_mul(y, is_op("relax.divide")(clipped, is_const()))
-            | is_op("relax.divide")(_mul(y, clipped), is_const()))
+    scaled = is_op("relax.divide")(clipped, is_const()) | _mul(clipped, is_const())
+    product = _mul(y, clipped)
+    return (_mul(y, scaled) | is_op("relax.divide")(product, is_const())
+            | _mul(product, is_const()))
 
 
 def _hardsigmoid_gate(y):

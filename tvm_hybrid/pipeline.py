@@ -89,13 +89,15 @@ def graph_passes(target: Target, precision: str = "fp32",
         # sees their int32 form.
         IntegerGemmToVNNI(target),
         PrepackConstantWeights(target, bf16=precision == "bf16"),
+        # Quantization scales, BatchNorm's deviations, HardSwish's 6, GELU's sqrt(2): after
+        # every rewrite that folds or builds a division (convolution layouts, scales into
+        # weights), before the epilogues are grouped (a group takes its constants as
+        # parameters, whose values this pass no longer sees).
+        ReciprocalDivisors(),
         # Fusion groups anchor on the packed GEMMs, so after the packing.
         *_noted(recorder, FuseGemmEpilogues()),
         # Inside the fused groups too, so after the grouping.
         FastMath(),
-        # Quantization scales, BatchNorm's deviations, HardSwish's 6: after every rewrite that
-        # folds or builds a division (convolution layouts, scales into weights).
-        ReciprocalDivisors(),
         # The dequantization scale, BatchNorm and quantization scale between two roundings,
         # as one multiply-add: after the divisions became products.
         FoldAffineChains(),
