@@ -339,13 +339,20 @@ def panel_width(target: Target, in_dtype: str, m: int, n: int, k: int) -> int | 
     return layout[0] if layout else None
 
 
+def streams_weights(shape: GemmShape, kernel: Microkernel, caches: CacheSizes) -> bool:
+    """Whether ``B`` (in ``kernel``'s input type) is at least :data:`_K_SPLIT_MIN_L2S` L2s,
+    so that it streams from memory on every pass (rules 2 and 3)."""
+    return shape.k * shape.n * _INPUT_BYTES.get(kernel.in_dtype, 4) \
+        >= _K_SPLIT_MIN_L2S * caches.l2
+
+
 def choose_blocks(shape: GemmShape, kernel: Microkernel, caches: CacheSizes,
                   threads: int) -> tuple[int, int]:
     """``(m_block, n_block)`` in tiles (rule 2 of the module docstring)."""
     m_tiles, n_tiles = shape.m // kernel.mr, shape.n // kernel.nr
     budget = caches.l2 // 2
     a_in_l2 = (shape.m * shape.k * shape.itemsize <= budget
-               and shape.n * shape.k * shape.itemsize >= _K_SPLIT_MIN_L2S * caches.l2)
+               and streams_weights(shape, kernel, caches))
     a_traffic = _A_IN_L2_TRAFFIC if a_in_l2 else 1.0
     best, best_cost = (1, 1), math.inf
     for mb in _divisors(m_tiles):
@@ -388,9 +395,7 @@ def kernel_knobs(shape: GemmShape, kernel: Microkernel, caches: CacheSizes, thre
     ``M``."""
     m_block, n_block = choose_blocks(shape, kernel, caches, threads)
     k_block = k_block_size(shape, kernel)
-    weight_bytes = shape.k * shape.n * _INPUT_BYTES.get(kernel.in_dtype, 4)
-    if (k_block and weight_bytes >= _K_SPLIT_MIN_L2S * caches.l2
-            and m_block * kernel.mr < shape.m):
+    if k_block and streams_weights(shape, kernel, caches) and m_block * kernel.mr < shape.m:
         split_m, split_n = choose_blocks(dataclasses.replace(shape, k=k_block), kernel, caches,
                                          threads)
         if split_m * kernel.mr == shape.m:
