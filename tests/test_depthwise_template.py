@@ -121,7 +121,7 @@ def _weight_loads(script: str) -> int:
 def test_template_keeps_the_taps_in_a_register_block_before_the_epilogue():
     """Before (the fallback rule): the taps inlined into HardSwish's block, written twice
     (``x * clip(x + 3)``). After: the convolution computed once per block of pixels into a
-    local buffer under the output's loop, read twice by the epilogue."""
+    stack buffer under the output's loop, read twice by the epilogue."""
     model, _ = _model(c=32, size=(8, 12), k=3)
     func = _depthwise_function(model)
     target = make_target("host")
@@ -134,7 +134,8 @@ def test_template_keeps_the_taps_in_a_register_block_before_the_epilogue():
 
     assert re.findall(r'T\.sblock\("(\w+)"\)', after)[:2] == ["root", "depthwise"]
     assert _weight_loads(after) == 9, "the taps once, in the depthwise block"
-    assert re.search(r'depthwise\w* = T\.sblock_alloc_buffer\(.*scope="local"\)', after)
+    (alloc,) = re.findall(r'depthwise\w* = T\.sblock_alloc_buffer\(.*\)', after)
+    assert "local" not in alloc, "a stack buffer, not one from the workspace pool"
     assert knobs == depthwise_knobs(DepthwiseShape(8, 12, 32, 9), target)
     assert f'"{TEMPLATE_ANNOTATION}": "depthwise convolution, {knobs.x_block} pixels x ' \
            f'{knobs.lanes} channels per register block, 9 taps"' in after
@@ -263,6 +264,22 @@ def test_assembly_uses_the_isa_fma(target, register):
     (info,) = [i for n, i in compiled.kernels.items() if "depthwise" in n]
     assert info.schedule == "template"
     assert re.search(rf"vfmadd\d+ps\s+[^\n]*%{register}", compiled.inspect_source("asm"))
+
+
+@pytest.mark.parametrize("target", [HASWELL, ZNVER4])
+def test_accumulator_is_on_the_stack_not_from_the_workspace_pool(target):
+    """The register block's accumulator is a stack buffer, which LLVM keeps in registers: no
+    ``TVMBackendAllocWorkspace`` call in the parallel kernel (a ``"local"`` buffer took one
+    per parallel task)."""
+    model, _ = _model(c=512, size=(3, 3))
+    func = _depthwise_function(model)
+    target = make_target(target)
+    scheduled, _ = apply_template(DepthwiseTemplate(), func, target)
+    lib = tvm.compile(tvm.IRModule({"main": scheduled.mod["main"].with_attr(
+        "global_symbol", "main")}), target=target)
+    ir = lib.mod.inspect_source("ll")
+    assert "load ptr, ptr @__TVMBackendParallelLaunch" in ir
+    assert "load ptr, ptr @__TVMBackendAllocWorkspace" not in ir
 
 
 def test_qdq_depthwise_takes_the_template(monkeypatch):
