@@ -317,6 +317,20 @@ def test_k_blocks_where_one_block_then_covers_m():
     assert choose_knobs(GemmShape(1, 196, 144, 320), [tile], _ZEN3, 2).k_block == 0
 
 
+def test_whole_k_where_all_of_a_stays_in_l2():
+    """BERT-base's FFN2 (128 x 3072 of A, 1.5 MiB; 9 MiB of weights): with a 2 MiB L2 the
+    whole K over one block of all 128 rows (A re-read from L2, each B panel read once); with
+    the Zen 3's 512 KiB, K blocks of 256."""
+    tile = _avx2_tile(4, 24)
+    ffn2 = GemmShape(1, 128, 768, 3072)
+    l2_2mib = CacheSizes(l1d=48 * 1024, l2=2 << 20, l3=32 << 20)
+    assert choose_blocks(ffn2, tile, l2_2mib, threads=2)[0] * tile.mr < 128
+    knobs = choose_knobs(ffn2, [tile], l2_2mib, 2)
+    assert (knobs.k_block, knobs.m_block * tile.mr) == (0, 128), knobs
+    knobs = choose_knobs(ffn2, [tile], _ZEN3, 2)
+    assert (knobs.k_block, knobs.m_block * tile.mr) == (256, 128), knobs
+
+
 def test_k_split_is_a_tuning_knob():
     """The tuner moves between the whole K and the heuristic's K blocks, counts both in the
     space, and reads records written before the knob existed as the whole K."""
@@ -367,11 +381,11 @@ def test_k_blocked_template_matches_numpy(order, rng):
 @pytest.mark.requires("avx2", "fma")
 def test_k_blocked_linear_relu_matches_numpy(monkeypatch, rng):
     """Prepacked weights (184 columns padded to 192) with bias and ReLU in the write-back, K
-    blocks chosen by the heuristic: caches set small (128 KiB of L2) so that a 24 x 1024
-    activation and 0.75 MiB of weights take them."""
+    blocks chosen by the heuristic: caches set small (128 KiB of L2) so that a 24 x 2048
+    activation (192 KiB, more than L2) and 1.5 MiB of weights take them."""
     monkeypatch.setattr("tvm_hybrid.schedules.gemm.template.cache_sizes",
                         lambda: CacheSizes(l1d=32 * 1024, l2=128 * 1024, l3=8 << 20))
-    m, n, k = 24, 184, 1024
+    m, n, k = 24, 184, 2048
     proto, w, b = _linear_relu(m, n, k, rng)
     model = tvm_hybrid.compile(proto, _HASWELL)
     assert any("K blocks of 256" in info.detail for info in model.kernels.values()), \
