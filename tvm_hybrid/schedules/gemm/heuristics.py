@@ -49,11 +49,11 @@ The model, in the spirit of the oneDNN Graph Compiler's:
    under :data:`_K_SPLIT_MIN_L2S` L2s, which the passes find in L2 or L3 anyway: Inception
    v1's and SqueezeNet's (0.2-1.3 MB) ran 4-7% slower split. Nor where all of ``A`` (``M x
    K``) fits in L2: the whole ``K`` over the split's blocks (all of ``M``) also reads each
-   ``B`` panel once, its row tiles re-reading ``A`` from L2, without storing and reloading
-   the accumulators at every ``K`` block. On a 2-core Emerald Rapids (2 MiB L2), BERT-base's
-   FFN2 (128 rows over 3072 x 768 weights, 1.5 MiB of ``A``) took 5-7% less time in the
-   layer that way, and the layer ran 1.023x (batch 1) and 1.027x (batch 8) faster, each in 14
-   of 15 rounds; ResNet-50's 49 x 4608 x 512 GEMMs (0.9 MiB of ``A``) changed nothing (0.999x).
+   ``B`` panel once, its row tiles re-reading ``A`` from L2. On a 2-core Emerald Rapids (2
+   MiB L2), BERT-base's FFN2 (128 rows over 3072 x 768 weights, 1.5 MiB of ``A``) took 6-8%
+   less time in the batch-8 layer that way (three runs; 0-5% at batch 1), and the layer ran
+   1.023x (batch 1) and 1.027x (batch 8) faster, each in 14 of 15 rounds; ResNet-50's 49 x
+   4608 x 512 GEMMs (0.9 MiB of ``A``) changed nothing (the model 0.999x).
 """
 
 from __future__ import annotations
