@@ -295,20 +295,20 @@ def test_rgb_stem_runs_direct_where_its_im2col_would_leave_the_l2(channels, size
         assert re.search(rf"\dx{max(16, lanes)} microkernel", conv.detail), conv.detail
 
 
-def test_convs_the_gemm_would_split_in_k_run_on_im2col(monkeypatch):
+def test_convs_whose_gemm_reads_the_weights_once_run_on_im2col(monkeypatch):
     """ResNet's last stage (512 channels of 3x3 taps on 7 x 7 pixels, 9.4 MB of weights)
-    runs on im2col and the K-blocked GEMM where its im2col stays in the L2 (a 2 MiB L2 here,
-    whatever the host's); 14 x 14 pixels (3.6 MB of im2col) and small weights stay direct.
-    Each against ONNX Runtime."""
+    runs on im2col and a GEMM of one block of all 49 rows (rule 3's) where its im2col stays
+    in the L2 (a 2 MiB L2 here, whatever the host's); 14 x 14 pixels (3.6 MB of im2col) and
+    small weights stay direct. Each against ONNX Runtime."""
     from tvm_hybrid.host import CacheSizes
     from tvm_hybrid.passes import conv_gemm
 
     caches = CacheSizes(l1d=48 * 1024, l2=2 * 1024 * 1024, l3=32 * 1024 * 1024)
     monkeypatch.setattr(conv_gemm, "cache_sizes", lambda: caches)
     target = tvm_hybrid.host.make_target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
-    assert conv_gemm._gemm_splits_k(target, 49, 512, 9 * 512)
-    assert not conv_gemm._gemm_splits_k(target, 196, 512, 9 * 512)  # im2col over the L2
-    assert not conv_gemm._gemm_splits_k(target, 49, 128, 9 * 128)  # weights of one L2
+    assert conv_gemm._gemm_reads_weights_once(target, 49, 512, 9 * 512)
+    assert not conv_gemm._gemm_reads_weights_once(target, 196, 512, 9 * 512)  # im2col over the L2
+    assert not conv_gemm._gemm_reads_weights_once(target, 49, 128, 9 * 128)  # weights of one L2
     model, x = _conv_model(c=512, o=512, k=3, pads=[1, 1, 1, 1], size=(7, 7), batch=1)
     names = _compiles_and_matches(model, x).kernel_names()
     assert any("im2col" in n for n in names) and not any("direct_conv" in n for n in names), \

@@ -20,8 +20,8 @@ of a stride-1 convolution): one tap's pixels of an output row are then consecuti
 microkernel reads them (stride-2 3x3 convolutions ran 1.02-1.05x faster in YOLOv8n, YOLOX and
 ZFNet than through im2col on a 2-core Emerald Rapids). With ``precision="bf16"`` strided
 convolutions keep im2col, whose GEMM computes in bf16. So do convolutions of large weights
-on few pixels whose GEMM splits ``K`` into blocks (:func:`_gemm_splits_k`: ResNet's last
-stage), which the direct template does not.
+on few pixels whose GEMM reads each block of the weights once for all the output's rows
+(:func:`_gemm_reads_weights_once`: ResNet's last stage), which the direct template does not.
 
 TVM's own conv2d lowering runs at about 1% of the FMA peak on the fallback schedule; this puts
 dense convolutions on the template. A depthwise convolution (no reduction across channels
@@ -51,7 +51,7 @@ from ..errors import first_line
 from ..host import cache_sizes
 from ..microkernels import microkernels_for
 from ..schedules.conv_template import conv_panel
-from ..schedules.gemm.heuristics import GemmShape, kernel_knobs, select, target_threads
+from ..schedules.gemm.heuristics import GemmShape, k_split_blocks, select, target_threads
 from .conv_computes import (
     COL2IM,
     DEPTHWISE,
@@ -122,19 +122,22 @@ def _shallow_direct(channels: int, taps: int, im2col_bytes: int) -> bool:
             and im2col_bytes > cache_sizes().l2)
 
 
-def _gemm_splits_k(target: Target, rows: int, cols: int, depth: int) -> bool:
+def _gemm_reads_weights_once(target: Target, rows: int, cols: int, depth: int) -> bool:
     """Whether a convolution (``rows`` output pixels, ``cols`` output channels, ``depth`` =
-    taps x input channels) runs on im2col and a GEMM that splits its reduction into ``K``
-    blocks rather than on the direct template, which has none: where the GEMM heuristic would
-    split (its rule 3: weights of several L2s, too few rows per whole-``K`` block to cover the
-    output) and the im2col buffer stays in a core's L2.
+    taps x input channels) runs on im2col and a GEMM rather than on the direct template: where
+    the GEMM heuristic's rule 3 applies (:func:`~..schedules.gemm.heuristics.k_split_blocks`:
+    weights of several L2s, too few rows per whole-``K`` block of half an L2 to cover the
+    output, one block of all the rows with ``K`` blocks) and the im2col buffer stays in a
+    core's L2. The GEMM then multiplies each block of the weights with every row tile (over
+    the whole ``K``, since its ``A``, the im2col buffer, is in L2); the direct kernel, with no
+    ``K`` blocks, streams the weights for its first row tile at that tile's pace and waits on
+    memory.
 
-    The blocked GEMM multiplies each block of the weights with every row tile while it is in
-    L1; the direct kernel streams the weights for its first row tile at that tile's pace and
-    waits on memory. Same process on a 2-core Emerald Rapids (2 MiB L2), outputs identical:
-    ResNet-50's last stage (512 channels of 3x3 taps on 7 x 7 pixels, 9.4 MB of weights, 0.9
-    MB of im2col) 1.05-1.06x on the whole model (9 of 9 rounds); VGG-19's 14 x 14 ones (3.6 MB
-    of im2col) lost (0.95x) and keep the direct kernel."""
+    Same process on a 2-core Emerald Rapids (2 MiB L2), outputs identical: ResNet-50's last
+    stage (512 channels of 3x3 taps on 7 x 7 pixels, 9.4 MB of weights, 0.9 MB of im2col)
+    1.05-1.06x on the whole model (9 of 9 rounds) with the GEMM in ``K`` blocks of 256, and the
+    same over the whole ``K`` (0.999x against the ``K`` blocks, 11 rounds); VGG-19's 14 x 14
+    ones (3.6 MB of im2col) lost (0.95x) and keep the direct kernel."""
     if rows * depth * 4 > cache_sizes().l2:
         return False
     shape = GemmShape(1, rows, cols, depth)
@@ -143,7 +146,7 @@ def _gemm_splits_k(target: Target, rows: int, cols: int, depth: int) -> bool:
         return False
     kernel = kernels[0]
     padded = GemmShape(1, rows, -(-cols // kernel.nr) * kernel.nr, depth)
-    return kernel_knobs(padded, kernel, cache_sizes(), target_threads(target)).k_block > 0
+    return k_split_blocks(padded, kernel, cache_sizes(), target_threads(target)) is not None
 
 
 #: What ``ConvertLayout`` is asked for; transposed convolutions stay NCHW (the only layout
@@ -460,7 +463,7 @@ class _Rewriter(TargetMutator):
         deep_enough = c >= _MIN_DIRECT_DEPTH or _shallow_direct(c, kh * kw, pixels * depth * 4)
         if kh * kw == 1 or not deep_enough or (strides != (1, 1) and not self.strided_direct):
             return None
-        if _gemm_splits_k(self.target, pixels, o, depth):
+        if _gemm_reads_weights_once(self.target, pixels, o, depth):
             return None
         nr = conv_panel(microkernels_for(self.target, "float32"), out_hw[1], o, narrow=True)
         if nr is None:

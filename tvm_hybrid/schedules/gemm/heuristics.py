@@ -393,21 +393,33 @@ def k_block_size(shape: GemmShape, kernel: Microkernel) -> int:
     return 0
 
 
+def k_split_blocks(shape: GemmShape, kernel: Microkernel, caches: CacheSizes,
+                   threads: int) -> tuple[int, int, int] | None:
+    """Rule 3's ``(m_block, n_block, k_block)`` where it applies: ``B`` is at least
+    :data:`_K_SPLIT_MIN_L2S` L2s, the whole-``K`` block holds fewer rows than ``M``, and with
+    ``K`` blocks one block holds all of ``M`` (each ``B`` panel is then read once for every
+    row tile); else None."""
+    m_block, _ = choose_blocks(shape, kernel, caches, threads)
+    k_block = k_block_size(shape, kernel)
+    if not (k_block and streams_weights(shape, kernel, caches) and m_block * kernel.mr < shape.m):
+        return None
+    split_m, split_n = choose_blocks(dataclasses.replace(shape, k=k_block), kernel, caches,
+                                     threads)
+    return (split_m, split_n, k_block) if split_m * kernel.mr == shape.m else None
+
+
 def kernel_knobs(shape: GemmShape, kernel: Microkernel, caches: CacheSizes, threads: int,
                  order: str = "nm") -> GemmKnobs:
-    """``kernel``'s knobs for ``shape``: rule 2's blocks over the whole ``K``, or rule 3's ``K``
-    blocks with their blocks where ``B`` is at least :data:`_K_SPLIT_MIN_L2S` L2s, the
-    whole-``K`` block holds fewer rows than ``M``, and with ``K`` blocks one block holds all of
-    ``M``."""
+    """``kernel``'s knobs for ``shape``: rule 2's blocks over the whole ``K``, or rule 3's
+    blocks (:func:`k_split_blocks`) with its ``K`` blocks, or with the whole ``K`` where all of
+    ``A`` fits in L2 (each ``B`` panel is read once all the same, the row tiles re-reading
+    ``A`` from L2)."""
+    split = k_split_blocks(shape, kernel, caches, threads)
+    if split is not None:
+        split_m, split_n, k_block = split
+        whole = shape.m * shape.k * shape.itemsize <= caches.l2
+        return GemmKnobs(kernel, split_m, split_n, order, 0 if whole else k_block)
     m_block, n_block = choose_blocks(shape, kernel, caches, threads)
-    k_block = k_block_size(shape, kernel)
-    if k_block and streams_weights(shape, kernel, caches) and m_block * kernel.mr < shape.m:
-        split_m, split_n = choose_blocks(dataclasses.replace(shape, k=k_block), kernel, caches,
-                                         threads)
-        if split_m * kernel.mr == shape.m:
-            # All of A in L2: the whole K over the same blocks reads each B panel once too.
-            whole = shape.m * shape.k * shape.itemsize <= caches.l2
-            return GemmKnobs(kernel, split_m, split_n, order, 0 if whole else k_block)
     return GemmKnobs(kernel, m_block, n_block, order)
 
 
