@@ -140,7 +140,9 @@ def _gemm_flops(func: tirx.PrimFunc) -> tuple[float, str]:
     except Exception:  # noqa: BLE001 - not analysable
         gemms = []
     if gemms:
-        flops = sum(2.0 * g.shape.batch * g.shape.m * g.shape.n * g.shape.k for g in gemms)
+        # The columns each GEMM keeps, not its padded panels' (its template's own count).
+        flops = sum(2.0 * g.shape.batch * g.shape.m * (g.columns or g.shape.n) * g.shape.k
+                    for g in gemms)
         return flops, _KINDS.get(gemms[0].dtype, "")
     flops, kind = 0.0, ""
     try:

@@ -18,7 +18,8 @@ from tvm.target import Target
 
 from ..host import target_features
 from .kernel import Family, Microkernel
-from .tiles import Tail
+from .tiles import Tail, plain_tile_functions
+from .transposed_tail import spread_of
 
 _FAMILIES: dict[tuple[str, str], Family] = {}
 
@@ -138,7 +139,21 @@ def tensor_intrin(kernel: Microkernel, k: int, block: tuple[int, int] | None = N
         raise ValueError(f"{kernel.name}: a block size is needed exactly for per-block kernels")
     if tail is not None and (not supports_tail(kernel) or not 0 < tail.columns < kernel.nr):
         raise ValueError(f"{kernel.name}: no tail of {tail.columns} columns")
+    if tail is not None and tail.run and not transposed_fits(kernel, tail):
+        raise ValueError(f"{kernel.name}: no transposed tail of {tail.columns} columns with "
+                         f"{tail.run} k per vector")
     return _register(kernel, int(k), tuple(int(b) for b in block) if block else None, tail)
+
+
+def transposed_fits(kernel: Microkernel, tail: Tail) -> bool:
+    """Whether ``kernel`` runs ``tail``'s transposed copy (``transposed_tail.py``): an fp32
+    vector tile of the plain family whose vectors are as wide as the copy's, which lies beside
+    the used columns of its panel."""
+    width = spread_of(tail.columns) * tail.run
+    return (not kernel.per_block and kernel.in_dtype == "float32"
+            and family_of(kernel).tile_functions is plain_tile_functions
+            and tail.run >= 2 and 4 <= width <= kernel.lanes
+            and width <= kernel.panel_width - tail.columns)
 
 
 def supports_tail(kernel: Microkernel) -> bool:
@@ -170,7 +185,7 @@ def _register(kernel: Microkernel, k: int, block: tuple[int, int] | None,
 
 
 #: What names one of our intrinsics: kernel, block, ``K`` and tail (:func:`tensor_intrin`).
-INTRIN_NAME = r"(hybrid_gemm_\w+?)(?:_b(\d+)x(\d+))?_k(\d+)(?:_t(\d+)at(\d+))?"
+INTRIN_NAME = r"(hybrid_gemm_\w+?)(?:_b(\d+)x(\d+))?_k(\d+)(?:_t(\d+)at(\d+)(?:d(\d+))?)?"
 
 
 def ensure_tensor_intrin(intrin_name: str) -> bool:
@@ -194,8 +209,10 @@ def ensure_tensor_intrin(intrin_name: str) -> bool:
     block = (int(found.group(2)), int(found.group(3))) if found.group(2) else None
     if kernel.per_block != (block is not None):
         return False
-    tail = Tail(int(found.group(6)), int(found.group(5))) if found.group(5) else None
-    if tail is not None and (not supports_tail(kernel) or not 0 < tail.columns < kernel.nr):
+    tail = Tail(int(found.group(6)), int(found.group(5)), int(found.group(7) or 0)) \
+        if found.group(5) else None
+    if tail is not None and (not supports_tail(kernel) or not 0 < tail.columns < kernel.nr
+                             or tail.run and not transposed_fits(kernel, tail)):
         return False
     tensor_intrin(kernel, int(found.group(4)), block, tail)
     return True

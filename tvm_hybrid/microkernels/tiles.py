@@ -17,7 +17,9 @@ weights, of which the GEMM keeps only the first ``columns`` (``N`` padded to who
 it updates only the vectors covering them (fp32: whole vectors, then one of 4 or 8 lanes for
 the rest), so the padded columns cost no FMAs. Which panel a call reads is known from ``B``'s
 offset. The description is unchanged: the skipped accumulators stay zero, as the update with
-the panel's zero padding would leave them, and nothing reads them.
+the panel's zero padding would leave them, and nothing reads them. An fp32 tail whose packed
+weights hold its columns transposed (``Tail.run``) runs dot products along ``K`` instead
+(``transposed_tail.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from collections.abc import Callable
 from tvm.script import tirx as T
 
 from .kernel import Microkernel
+from .transposed_tail import MIN_CHAINS, transposed_dot
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,11 +40,14 @@ class Tail:
 
     offset: int
     columns: int
+    #: ``k`` per vector of the transposed copy of the used columns the panel holds
+    #: (``transposed_tail.py``); 0: none, the broadcast update of the used columns.
+    run: int = 0
 
     @property
     def key(self) -> str:
         """The intrinsic name's suffix."""
-        return f"_t{self.columns}at{self.offset}"
+        return f"_t{self.columns}at{self.offset}" + (f"d{self.run}" if self.run else "")
 
 
 def _branch(tail: Tail | None, full, partial):
@@ -134,49 +140,80 @@ def reference_update(mr: int, nr: int, kc: int, acc: str, b_at: Callable, cast: 
 
 
 def broadcast_fma(kernel: Microkernel, kc: int, columns: int | None = None,
-                  exact: bool = False):
+                  exact: bool = False, sets: int = 1):
     """The vector body of an ``mr x nr`` fp32 tile over ``kc`` steps, a ``T.macro`` over
     ``A[mr, kc]``, ``B[kc, nr]`` and ``C[mr, nr]`` (any strides): per ``k`` and row, one
     element of ``A`` broadcast and ``nr / lanes`` FMAs with ``B``'s row. The tile intrinsics
     below and the fused attention kernel (``schedules/attention``) share it.
 
     ``columns``: only the vectors covering the first ``columns`` (:func:`tail_pieces`, with
-    ``exact``)."""
+    ``exact``). ``sets``: the ``k`` steps go round-robin into that many partial sums, added
+    into ``C`` at the end (:func:`split_sets`: a tile of few accumulators, whose FMAs would
+    otherwise wait on each other)."""
     mr, lanes = kernel.mr, kernel.lanes
     vectors, piece = ((kernel.nr // lanes, 0) if columns is None
                       else tail_pieces(kernel, columns, exact=exact))
+    start = vectors * lanes
 
     @T.macro
-    def row(A, B, C, i, kk):  # one row's whole vectors at one k
+    def update(D, d, A, B, i, kk):  # row d of D += row i of A at k times B's row k
         for v in T.unroll(vectors):
-            C[i, T.ramp(v * lanes, 1, lanes)] = C[
-                i, T.ramp(v * lanes, 1, lanes)
+            D[d, T.ramp(v * lanes, 1, lanes)] = D[
+                d, T.ramp(v * lanes, 1, lanes)
             ] + T.broadcast(A[i, kk], lanes) * B[kk, T.ramp(v * lanes, 1, lanes)]
+        if piece == 1:  # one column (an exact rest of one)
+            D[d, start] = D[d, start] + A[i, kk] * B[kk, start]
+        elif piece > 1:  # one vector of ``piece`` lanes
+            D[d, T.ramp(start, 1, piece)] = D[d, T.ramp(start, 1, piece)] + T.broadcast(
+                A[i, kk], piece) * B[kk, T.ramp(start, 1, piece)]
 
     @T.macro
     def body(A, B, C):
         for kk in T.serial(kc):
             for i in T.unroll(mr):
-                row(A, B, C, i, kk)
+                update(C, i, A, B, i, kk)
 
-    start = vectors * lanes
-
-    @T.macro
-    def with_piece(A, B, C):  # the whole vectors, then one of ``piece`` lanes
-        for kk in T.serial(kc):
-            for i in T.unroll(mr):
-                row(A, B, C, i, kk)
-                C[i, T.ramp(start, 1, piece)] = C[i, T.ramp(start, 1, piece)] + T.broadcast(
-                    A[i, kk], piece) * B[kk, T.ramp(start, 1, piece)]
+    if sets == 1:
+        return body
+    rounds, rest = divmod(kc, sets)
+    extra = (sets - 1) * mr
 
     @T.macro
-    def with_scalar(A, B, C):  # the whole vectors, then one column (an exact rest of one)
-        for kk in T.serial(kc):
+    def split(A, B, C):
+        P = T.alloc_buffer((extra, kernel.nr), "float32")
+        for z in T.unroll(extra):
+            for v in T.unroll(kernel.nr // lanes):
+                P[z, T.ramp(v * lanes, 1, lanes)] = T.broadcast(T.float32(0), lanes)
+        for kk in T.serial(rounds):
             for i in T.unroll(mr):
-                row(A, B, C, i, kk)
-                C[i, start] = C[i, start] + A[i, kk] * B[kk, start]
+                update(C, i, A, B, i, kk * sets)
+            for u in T.unroll(sets - 1):
+                for i in T.unroll(mr):
+                    update(P, u * mr + i, A, B, i, kk * sets + u + 1)
+        for kk in T.unroll(rest):
+            for i in T.unroll(mr):
+                update(C, i, A, B, i, rounds * sets + kk)
+        for u in T.unroll(sets - 1):
+            for i in T.unroll(mr):
+                for v in T.unroll(kernel.nr // lanes):
+                    C[i, T.ramp(v * lanes, 1, lanes)] = C[i, T.ramp(v * lanes, 1, lanes)] + \
+                        P[u * mr + i, T.ramp(v * lanes, 1, lanes)]
 
-    return {0: body, 1: with_scalar}.get(piece, with_piece)
+    return split
+
+
+def split_sets(kernel: Microkernel, kc: int) -> int:
+    """Partial sums for :func:`broadcast_fma`: enough for :data:`MIN_CHAINS` independent
+    accumulators where the tile has fewer (1-row tiles: ``M`` prime), within the registers
+    (``B``'s vectors and a broadcast of ``A`` besides) and at least two ``k`` each. One count
+    for a tile's full panels and its tail, so that every output column is summed in the same
+    order (a model whose columns are equal gives equal columns)."""
+    vectors = kernel.nr // kernel.lanes
+    accumulators = kernel.mr * vectors
+    if accumulators >= MIN_CHAINS:
+        return 1
+    fit = (kernel.num_registers - vectors - 2) // accumulators
+    return max(1, min(-(-MIN_CHAINS // accumulators), fit, kc // 2))
 
 
 def plain_tile_functions(kernel: Microkernel, kc: int, tail: Tail | None = None):
@@ -185,8 +222,13 @@ def plain_tile_functions(kernel: Microkernel, kc: int, tail: Tail | None = None)
     mr, nr, dtype = kernel.mr, kernel.nr, kernel.in_dtype
     buffers = ((mr, kc), (kc, nr), (1,), (dtype, dtype, dtype), (mr, nr))
     desc = reference_update(mr, nr, kc, dtype, lambda B, j, k: B[k, j], cast=False)
-    impl = _branch(tail, broadcast_fma(kernel, kc),
-                   broadcast_fma(kernel, kc, tail.columns) if tail else None)
+    if tail is None:
+        partial = None
+    elif tail.run:
+        partial = transposed_dot(kernel, kc, tail.columns, tail.run)
+    else:  # as many partial sums as the full panels: every column summed in the same order
+        partial = broadcast_fma(kernel, kc, tail.columns, sets=split_sets(kernel, kc))
+    impl = _branch(tail, broadcast_fma(kernel, kc, sets=split_sets(kernel, kc)), partial)
     return tile_function(*buffers, desc), tile_function(*buffers, impl)
 
 

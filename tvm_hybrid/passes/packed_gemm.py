@@ -25,6 +25,12 @@ import numpy as np
 from tvm import relax, te
 from tvm.target import Target
 
+from ..microkernels import best_vector_family
+from ..microkernels.transposed_tail import (
+    TRANSPOSED_TAIL,
+    transposed_layout,
+    write_transposed_copy,
+)
 from ..schedules.gemm.heuristics import GemmShape, padded_rows, weight_layout
 
 #: Part of every packed GEMM's kernel name (the fusion patterns' anchor).
@@ -54,12 +60,15 @@ def pack_weight(weight: np.ndarray, panel: int, group: int = 1, dtype=None) -> n
 
 def packed_gemm(x: te.Tensor, packed: te.Tensor, n: int, acc_dtype: str, out_dtype: str,
                 compensation: te.Tensor | None = None,
-                zero_point: te.Tensor | None = None, out_rows: int | None = None) -> te.Tensor:
+                zero_point: te.Tensor | None = None, out_rows: int | None = None,
+                transposed_run: int = 0) -> te.Tensor:
     """``x[..., M, K] @ W`` with ``W`` packed (module docstring); the output has ``n`` columns
     (and its first ``out_rows`` rows when ``x``'s ``M`` was padded: ``padded_rows``).
 
     ``compensation[N]`` (integer GEMMs) is subtracted, times the 0-d ``zero_point`` when one
-    is given (a zero point known only at run time).
+    is given (a zero point known only at run time). ``transposed_run``: the last panel holds
+    a transposed copy of its used columns with that many ``k`` per vector
+    (``microkernels/transposed_tail.py``), which the GEMM block's annotation says.
     """
     grouped = len(packed.shape) == 4
     panels, rows, panel = (int(d) for d in packed.shape[:3])
@@ -77,6 +86,7 @@ def packed_gemm(x: te.Tensor, packed: te.Tensor, n: int, acc_dtype: str, out_dty
         lambda *idx: te.sum(x[(*idx[:-1], k)].astype(acc_dtype)
                             * weight(idx[-1], k).astype(acc_dtype), axis=k),
         name=PACKED_GEMM,
+        attrs={TRANSPOSED_TAIL: transposed_run} if transposed_run else None,
     )
     out = (*batch[:-1], batch[-1] if out_rows is None else out_rows, n)
     if compensation is None:
@@ -88,6 +98,20 @@ def packed_gemm(x: te.Tensor, packed: te.Tensor, n: int, acc_dtype: str, out_dty
                           name="compensate")
     return te.compute(out, lambda *idx: acc[idx] - zero_point[()] * compensation[idx[-1]],
                       name="compensate")
+
+
+def transposed_copy(target: Target, in_dtype: str, packed: np.ndarray,
+                    n: int) -> tuple[int, int] | None:
+    """``(width, run)`` of the transposed copy of the one panel's used columns to write into
+    fp32 ``packed`` weights of ``n`` columns (``microkernels/transposed_tail.py``), on the
+    vectors of ``target``'s fp32 tiles; None when the panel is full, has no room, or is not the
+    only one (the copy sums in another order than the full panels' broadcast update, and a
+    model whose columns are equal must give equal columns)."""
+    family = best_vector_family(target, in_dtype)
+    if in_dtype != "float32" or packed.ndim != 3 or family is None or packed.shape[0] != 1 \
+            or n >= packed.shape[2]:
+        return None
+    return transposed_layout(family.first.lanes, packed.shape[2], n)
 
 
 def emit_packed_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
@@ -137,7 +161,11 @@ def emit_packed_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
         x = row_padder(extra_rows)
     elif pad or extra_rows:  # zero rows of x give rows the kernel slices off
         x = builder.emit(relax.op.nn.pad(x, [0, 0] * (x.ty.ndim - 2) + [0, extra_rows, 0, pad]))
-    packed = relax.const(pack_weight(weight, panel, group, weight_dtype))
+    packed = pack_weight(weight, panel, group, weight_dtype)
+    copy = transposed_copy(target, in_dtype, packed, n)
+    if copy is not None:
+        write_transposed_copy(packed, weight, *copy)
+    packed = relax.const(packed)
     extra = [] if compensation is None else [relax.const(compensation)]
     if zero_point is not None:
         extra.append(zero_point)
@@ -146,6 +174,7 @@ def emit_packed_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
         comp = rest[0] if rest else None
         zp = rest[1] if len(rest) > 1 else None
         return packed_gemm(x, packed, n, acc_dtype, out_dtype, comp, zp,
-                           out_rows=m if extra_rows else None)
+                           out_rows=m if extra_rows else None,
+                           transposed_run=copy[1] if copy else 0)
 
     return builder.call_te(compute, x, packed, *extra, primfunc_name_hint=KERNEL_NAMES[in_dtype])

@@ -24,6 +24,7 @@ import tvm.ir.prim.expr as prim
 import tvm_ffi
 from tvm import s_tir, tirx
 
+from ...microkernels.transposed_tail import TRANSPOSED_TAIL
 from .heuristics import GemmShape
 
 
@@ -38,6 +39,9 @@ class GemmBlock:
     #: Of the ``N`` columns (packed: padded to whole panels), those the consumer reads when
     #: fewer (:func:`used_columns`); None: all.
     columns: int | None = None
+    #: ``k`` per vector of the transposed copy of the used columns the last panel holds
+    #: (``microkernels/transposed_tail.py``, from the block's annotation); 0: none.
+    transposed_run: int = 0
 
 
 def match_gemm(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> GemmBlock | None:
@@ -112,7 +116,8 @@ def match_gemm(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> GemmBlock
     if packed_nr is None and not _ends_with(b_load.indices, [k, j]):
         return None
     columns = used_columns(sch, block, n) if packed_nr is not None else None
-    return GemmBlock(block, GemmShape(batch, m, n, k_len), packed_nr, "float32", columns)
+    run = int(stmt.annotations.get(TRANSPOSED_TAIL, 0)) if columns is not None else 0
+    return GemmBlock(block, GemmShape(batch, m, n, k_len), packed_nr, "float32", columns, run)
 
 
 def used_columns(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, n: int) -> int | None:

@@ -65,6 +65,7 @@ from tvm.target import Target
 
 from ...host import CacheSizes, cache_sizes
 from ...microkernels import Microkernel, microkernels_for
+from ...microkernels.transposed_tail import transposed_layout
 from ...thread_pool import num_threads
 
 # Accumulators needed to hide FMA latency: 2 FMA pipes x 4 cycles.
@@ -95,8 +96,15 @@ _A_IN_L2_TRAFFIC = 0.25
 _BLOCK_ACCUMULATOR_L2_SHARE = 1 / 8
 # Padding M must gain this much throughput over the best exact tile (it costs a copy of x).
 _PAD_GAIN = 1.25
-# ...and is only worth that copy for this many output columns or more.
+# ...and is only worth that copy for this many output columns or more, or for fewer where the
+# exact tile has under _PAD_NARROW_ROWS rows and too few accumulators (_narrow_starved).
+# Same-process A/B on a 2-core Zen 5, K = 333 unless said: 197 rows and N = 9-24 ran
+# 1.5-2.0x faster padded (1x32 tiles, AVX-512 and AVX2 code), 389x16x768 2.1x, 1009x16x64
+# 1.7x, 61x16 1.1x (AVX2 code 0.98x), 37x24x128 0.97x; 49x16x576, whose exact tile is 7x32
+# (AVX2 code: 7x8), measured 0.93x padded and is not. N <= 8 (AVX2: <= 4) on such tiles runs
+# the transposed tail instead, as fast as padded or faster (197x1 7.2 against 9.9 us).
 _PAD_MIN_N = 32
+_PAD_NARROW_ROWS = 4
 # Under this many rows the thin tile's kernel is short: the copy (a kernel of its own, a few
 # microseconds) pays only where each thread's share of the weights (small M: the threads
 # split N) is at least _PAD_FEW_ROWS_MIN_L2S of an L2 (it then streams from L3 or memory, where
@@ -222,7 +230,8 @@ def padded_rows(target: Target, in_dtype: str, shape: GemmShape,
     like the padded columns). Padding is chosen when the best tile's throughput, scaled by the
     useful fraction ``M / (M + pad)`` (and by its useful columns, :func:`padded_throughput`),
     beats the best exact tile by :data:`_PAD_GAIN`, and only
-    for ``N >= ``:data:`_PAD_MIN_N` (the padded copy of ``x`` is paid once per ``N``); under
+    for ``N >= ``:data:`_PAD_MIN_N` (the padded copy of ``x`` is paid once per ``N``), or for
+    a narrower fp32 ``N`` whose exact tile is thin and starved (:func:`_narrow_starved`); under
     :data:`_PAD_MIN_M` rows, only where each of ``threads`` (:func:`target_threads` by default)
     has at least :data:`_PAD_FEW_ROWS_MIN_L2S` of an L2 of weights (``caches``: this host's by
     default), never under :data:`_PAD_MIN_FEW_ROWS` rows, and for fp32 ``x`` only.
@@ -235,7 +244,9 @@ def padded_rows(target: Target, in_dtype: str, shape: GemmShape,
     input each call); on a 2-core Zen 3, 117, 255 and 405 rows of 256x256 weights padded to
     4x24 tiles ran 1.16-1.28x faster (99 rows: the same speed).
     """
-    if shape.n < _PAD_MIN_N or shape.m < _PAD_MIN_FEW_ROWS:
+    if shape.m < _PAD_MIN_FEW_ROWS:
+        return 0
+    if shape.n < _PAD_MIN_N and (in_dtype != "float32" or not _narrow_starved(target, shape)):
         return 0
     if shape.m < _PAD_MIN_M:
         if in_dtype != "float32":
@@ -267,6 +278,23 @@ def padded_rows(target: Target, in_dtype: str, shape: GemmShape,
     return _best_padding(shape, [k for k in kernels if not l1_aliased(k, shape)], balanced,
                          useful(exact[0]) * _PAD_GAIN * thread_balance(
                              shape, exact[0], caches, threads))
+
+
+def _narrow_starved(target: Target, shape: GemmShape) -> bool:
+    """Whether a GEMM of fewer than :data:`_PAD_MIN_N` columns runs on a thin tile (under
+    :data:`_PAD_NARROW_ROWS` rows: ``M`` prime, or two or three times a prime) of too few
+    accumulators for the FMA latency, every row re-reading ``B``, and whose last panel does not
+    hold its columns transposed (``microkernels/transposed_tail.py``: dot products, as fast
+    on one row)."""
+    exact = select(target, "float32", shape, packing=True)
+    if not exact or exact[0].per_block:
+        return False
+    kernel = exact[0]
+    if kernel.mr >= _PAD_NARROW_ROWS or \
+            kernel.mr * kernel.nr // kernel.lanes >= _MIN_ACCUMULATORS:
+        return False
+    columns = shape.n % kernel.panel_width
+    return not columns or transposed_layout(kernel.lanes, kernel.panel_width, columns) is None
 
 
 def _best_padding(shape: GemmShape, kernels: list[Microkernel], value, threshold: float) -> int:

@@ -33,11 +33,14 @@ drops the packing's padded columns. ``space.py`` is the knob space a tuner searc
 ``M`` to whole rows of a better tile, ``heuristics.padded_rows``). The padded columns cost no
 FMAs: where the consumer keeps fewer than ``N`` (``analysis.used_columns``), the microkernel
 branches on the last panel and updates only the vectors covering its used columns
-(:func:`gemm_tail`; a 197 x 97 GEMM on 32-column panels computes 100 columns, not 128).
+(:func:`gemm_tail`; a 197 x 97 GEMM on 32-column panels computes 100 columns, not 128). A GEMM
+of a few columns (``N`` under a panel) whose packed weights hold them transposed runs dot
+products along ``K`` instead (``microkernels/transposed_tail.py``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 
@@ -47,7 +50,7 @@ from tvm.target import Target
 
 from ...host import cache_sizes, target_features
 from ...microkernels import Microkernel, has_gemm_kernels, microkernel_by_name, tensor_intrin
-from ...microkernels.registry import supports_tail
+from ...microkernels.registry import supports_tail, transposed_fits
 from ...microkernels.tiles import Tail
 from ..accumulate import (
     accumulate_in_tile,
@@ -95,8 +98,8 @@ class GemmTemplate(Template):
         return schedule_gemm(sch, workload, knobs)
 
     def flops(self, workload: GemmBlock) -> float:
-        shape = workload.shape
-        return float(2 * shape.batch * shape.m * shape.n * shape.k)
+        shape = workload.shape  # the columns the GEMM keeps, not the padded panels'
+        return float(2 * shape.batch * shape.m * (workload.columns or shape.n) * shape.k)
 
     def variants(self, workload: GemmBlock, target: Target) -> list[GemmKnobs]:
         return space.variants(workload.shape, self._ranked(workload, target),
@@ -239,13 +242,14 @@ def tensorize_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
     else:
         tile, init_at, ii = loops[2], loops[3], loops[3]
     decompose_accumulator(sch, gemm.block, tile, init_at, kernel.lanes)
-    tail = gemm_tail(gemm, kernel)
+    tail = gemm_tail(gemm, kernel, knobs.k_block)
     k = knobs.k_block or gemm.shape.k
     sch.tensorize(ii, tensor_intrin(kernel, k) if tail is None else
                   tensor_intrin(kernel, k, tail=tail))
     blocked = f", K blocks of {knobs.k_block}" if knobs.k_block else ""
     if tail is not None:
         blocked += f", last panel {tail.columns} of {kernel.nr} columns"
+        blocked += f", transposed ({tail.run} k per vector)" if tail.run else ""
     # Visible in the scheduled TIR (CompiledModel.lowered), for users and tests. The block
     # sizes are left out: they are decisions a tuner may change after this string is written
     # (they show as the loop extents).
@@ -255,10 +259,14 @@ def tensorize_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
     return tile
 
 
-def gemm_tail(gemm: GemmBlock, kernel: Microkernel) -> Tail | None:
+def gemm_tail(gemm: GemmBlock, kernel: Microkernel, k_block: int = 0) -> Tail | None:
     """The microkernel's tail for ``gemm`` (module docstring): where the last packed panel
     starts in ``B`` and how many of its columns the consumer keeps; None when it keeps all
-    (or ``B`` is not packed in ``kernel``'s panels, or its family has no tail intrinsics)."""
+    (or ``B`` is not packed in ``kernel``'s panels, or its family has no tail intrinsics).
+
+    Where the panel holds its used columns transposed (``gemm.transposed_run``), the tail
+    runs on that copy when ``kernel`` has its vectors and each call's ``K`` (``k_block``, or
+    the whole ``K``) starts on a group of the copy."""
     panel = kernel.panel_width
     if gemm.columns is None or not supports_tail(kernel) or gemm.packed_nr != kernel.nr \
             or panel != kernel.nr or gemm.shape.n % panel:
@@ -266,7 +274,13 @@ def gemm_tail(gemm: GemmBlock, kernel: Microkernel) -> Tail | None:
     used = gemm.columns - (gemm.shape.n - panel)
     if not 0 < used < panel:
         return None
-    return Tail((gemm.shape.n // panel - 1) * gemm.shape.k * panel, used)
+    tail = Tail((gemm.shape.n // panel - 1) * gemm.shape.k * panel, used)
+    run = gemm.transposed_run
+    if run and (not k_block or k_block % run == 0):
+        transposed = dataclasses.replace(tail, run=run)
+        if transposed_fits(kernel, transposed):
+            return transposed
+    return tail
 
 
 def schedule_block_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
