@@ -33,6 +33,7 @@ from tvm_hybrid.schedules.gemm.heuristics import (
     select,
 )
 from tvm_hybrid.schedules.gemm.template import TEMPLATE_ANNOTATION
+from tvm_hybrid.testing.onnx_checks import linear_relu
 
 
 def _model(nodes, inputs, outputs, inits=()) -> onnx.ModelProto:
@@ -68,22 +69,10 @@ _rng_shapes = np.random.default_rng(1234)
 _SWEEP += [tuple(int(v) for v in _rng_shapes.integers(1, 300, 3)) for _ in range(6)]
 
 
-def _linear_relu(m: int, n: int, k: int, rng):
-    """A constant-weight ``relu(x @ w + b)`` model of ``x[m, k]``, with its ``w`` and ``b``."""
-    w = rng.standard_normal((k, n)).astype("float32")
-    b = rng.standard_normal(n).astype("float32")
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
-             helper.make_node("Add", ["h", "b"], ["hb"]),
-             helper.make_node("Relu", ["hb"], ["y"])]
-    proto = _model(nodes, [_value("x", (m, k))], [_value("y", (m, n))],
-                   [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
-    return proto, w, b
-
-
 @pytest.mark.parametrize("m,n,k", _SWEEP, ids=lambda v: str(v))
 def test_linear_relu_matches_numpy(m, n, k, rng):
     """Constant-weight Linear + bias + ReLU (prepacked path) for awkward shapes."""
-    proto, w, b = _linear_relu(m, n, k, rng)
+    proto, w, b = linear_relu(m, n, k, rng)
     x = rng.standard_normal((m, k)).astype("float32")
     model = tvm_hybrid.compile(proto)
     _close(model(x), np.maximum(x.astype("float64") @ w + b, 0))
@@ -386,7 +375,7 @@ def test_k_blocked_linear_relu_matches_numpy(monkeypatch, rng):
     monkeypatch.setattr("tvm_hybrid.schedules.gemm.template.cache_sizes",
                         lambda: CacheSizes(l1d=32 * 1024, l2=128 * 1024, l3=8 << 20))
     m, n, k = 24, 184, 2048
-    proto, w, b = _linear_relu(m, n, k, rng)
+    proto, w, b = linear_relu(m, n, k, rng)
     model = tvm_hybrid.compile(proto, _HASWELL)
     assert any("K blocks of 256" in info.detail for info in model.kernels.values()), \
         [info.detail for info in model.kernels.values()]

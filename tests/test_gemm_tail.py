@@ -12,7 +12,7 @@ import re
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import numpy_helper
 from tvm import s_tir, te
 
 import tvm_hybrid
@@ -27,6 +27,7 @@ from tvm_hybrid.microkernels.tiles import Tail, tail_pieces
 from tvm_hybrid.passes.packed_gemm import packed_gemm
 from tvm_hybrid.schedules.gemm.analysis import match_gemm
 from tvm_hybrid.schedules.gemm.template import gemm_tail
+from tvm_hybrid.testing.onnx_checks import linear_relu
 
 ZMM_11x32 = microkernel_by_name("hybrid_gemm_avx512_float32_11x32")
 YMM_4x24 = microkernel_by_name("hybrid_gemm_avx2_float32_4x24")
@@ -122,17 +123,7 @@ def test_the_tail_runs_on_a_narrower_vector(mcpu, full, part, n, detail):
 def test_tails_match_numpy(m, n, k, rng):
     """fp32 GEMMs with bias and ReLU whose last panel is partly used, on this host's kernels,
     within 1e-5 of the output scale of float64 numpy."""
-    w = rng.standard_normal((k, n)).astype("float32")
-    b = rng.standard_normal(n).astype("float32")
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
-             helper.make_node("Add", ["h", "b"], ["hb"]),
-             helper.make_node("Relu", ["hb"], ["y"])]
-    graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])],
-        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    proto.ir_version = 8
+    proto, w, b = linear_relu(m, n, k, rng)
     model = tvm_hybrid.compile(proto)
     details = [info.detail for info in model.kernels.values()]
     assert any("last panel" in d for d in details), details

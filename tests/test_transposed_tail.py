@@ -15,7 +15,7 @@ import re
 import numpy as np
 import pytest
 import tvm
-from onnx import TensorProto, helper, numpy_helper
+from onnx import numpy_helper
 from tvm import te
 
 import tvm_hybrid
@@ -28,6 +28,7 @@ from tvm_hybrid.microkernels.transposed_tail import (
     write_transposed_copy,
 )
 from tvm_hybrid.passes.packed_gemm import pack_weight
+from tvm_hybrid.testing.onnx_checks import linear_relu
 
 ZMM_1x32 = microkernel_by_name("hybrid_gemm_avx512_float32_1x32")
 ZMM_11x32 = microkernel_by_name("hybrid_gemm_avx512_float32_11x32")
@@ -130,17 +131,7 @@ def test_a_copy_of_four_columns_repeats_four_k_of_a():
 def _check_against_numpy(m: int, n: int, k: int, target, rng) -> None:
     """An fp32 GEMM with bias and ReLU compiled for ``target`` (None: the host) runs its
     narrow last panel transposed, within 1e-5 of the output scale of float64 numpy."""
-    w = rng.standard_normal((k, n)).astype("float32")
-    b = rng.standard_normal(n).astype("float32")
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
-             helper.make_node("Add", ["h", "b"], ["hb"]),
-             helper.make_node("Relu", ["hb"], ["y"])]
-    graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])],
-        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    proto.ir_version = 8
+    proto, w, b = linear_relu(m, n, k, rng)
     model = tvm_hybrid.compile(proto, target) if target else tvm_hybrid.compile(proto)
     assert any("transposed" in d for d in _details(model)), _details(model)
     x = rng.standard_normal((m, k)).astype("float32")

@@ -1,11 +1,30 @@
-"""Checks the model tests share: a compiled ONNX model against ONNX Runtime (or a given
-reference), and the kernels its ``main`` calls."""
+"""Models and checks the tests share: a constant-weight Linear + ReLU model, a compiled ONNX
+model against ONNX Runtime (or a given reference), and the kernels its ``main`` calls."""
 
 from __future__ import annotations
 
 import re
 
 import numpy as np
+
+
+def linear_relu(m: int, n: int, k: int, rng: np.random.Generator):
+    """A constant-weight ``relu(x @ w + b)`` model of ``x[m, k]`` (opset 17, IR version 8),
+    with its ``w[k, n]`` and ``b[n]`` (standard normal float32)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = rng.standard_normal((k, n)).astype("float32")
+    b = rng.standard_normal(n).astype("float32")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
+             helper.make_node("Add", ["h", "b"], ["hb"]),
+             helper.make_node("Relu", ["hb"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = 8
+    return proto, w, b
 
 
 def compiles_and_matches(model, feeds: dict, *, target=None, rtol: float = 1e-4,
