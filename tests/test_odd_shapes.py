@@ -44,8 +44,13 @@ def test_rows_are_padded_only_where_a_thin_tile_would_run(target):
     # or a narrow N on the transposed tail: no padding.
     for m, n in ((1, 768), (192, 768), (256, 768), (49, 16), (197, 1), (197, 4)):
         assert padded_rows(target, "float32", GemmShape(1, m, n, 333)) == 0, (m, n)
-    # A narrow N the transposed tail does not take, on a 1-row tile: padded (measured 1.5x).
+    # A narrow N the transposed tail does not take, on a 1-row tile: padded (measured 1.5x);
+    # so are narrow integer GEMMs, which have no transposed tail (1.2-3.2x).
     assert padded_rows(target, "float32", GemmShape(1, 197, 16, 333)) > 0
+    for dtype in ("uint8", "int16"):
+        if select(target, dtype, GemmShape(1, 197, 4, 332), packing=True):
+            assert padded_rows(target, dtype, GemmShape(1, 197, 4, 332)) > 0, dtype
+            assert padded_rows(target, dtype, GemmShape(1, 196, 4, 332)) == 0, dtype
 
 
 def test_rows_are_padded_where_the_exact_tiles_leave_threads_idle():

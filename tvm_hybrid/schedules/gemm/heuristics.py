@@ -102,9 +102,13 @@ _PAD_GAIN = 1.25
 # 1.5-2.0x faster padded (1x32 tiles, AVX-512 and AVX2 code), 389x16x768 2.1x, 1009x16x64
 # 1.7x, 61x16 1.1x (AVX2 code 0.98x), 37x24x128 0.97x; 49x16x576, whose exact tile is 7x32
 # (AVX2 code: 7x8), measured 0.93x padded and is not. N <= 8 (AVX2: <= 4) on such tiles runs
-# the transposed tail instead, as fast as padded or faster (197x1 7.2 against 9.9 us).
+# the transposed tail instead, as fast as padded or faster (197x1 7.2 against 9.9 us). Integer
+# GEMMs (u8 x s8, s16) have no such copy: their 1-row tiles re-read B from L2 for every row,
+# and padded ran 1.2-3.2x faster with VNNI (197x{1,4,16}x332, 197x16x4096, 61x16x2048,
+# 389x8x768) and 1.2-1.6x with the AVX2 code, bit-exact.
 _PAD_MIN_N = 32
 _PAD_NARROW_ROWS = 4
+_NARROW_PAD_DTYPES = ("float32", "uint8", "int16")
 # Under this many rows the thin tile's kernel is short: the copy (a kernel of its own, a few
 # microseconds) pays only where each thread's share of the weights (small M: the threads
 # split N) is at least _PAD_FEW_ROWS_MIN_L2S of an L2 (it then streams from L3 or memory, where
@@ -231,7 +235,7 @@ def padded_rows(target: Target, in_dtype: str, shape: GemmShape,
     useful fraction ``M / (M + pad)`` (and by its useful columns, :func:`padded_throughput`),
     beats the best exact tile by :data:`_PAD_GAIN`, and only
     for ``N >= ``:data:`_PAD_MIN_N` (the padded copy of ``x`` is paid once per ``N``), or for
-    a narrower fp32 ``N`` whose exact tile is thin and starved (:func:`_narrow_starved`); under
+    a narrower ``N`` whose exact tile is thin and starved (:func:`_narrow_starved`); under
     :data:`_PAD_MIN_M` rows, only where each of ``threads`` (:func:`target_threads` by default)
     has at least :data:`_PAD_FEW_ROWS_MIN_L2S` of an L2 of weights (``caches``: this host's by
     default), never under :data:`_PAD_MIN_FEW_ROWS` rows, and for fp32 ``x`` only.
@@ -246,7 +250,8 @@ def padded_rows(target: Target, in_dtype: str, shape: GemmShape,
     """
     if shape.m < _PAD_MIN_FEW_ROWS:
         return 0
-    if shape.n < _PAD_MIN_N and (in_dtype != "float32" or not _narrow_starved(target, shape)):
+    if shape.n < _PAD_MIN_N and (in_dtype not in _NARROW_PAD_DTYPES
+                                 or not _narrow_starved(target, in_dtype, shape)):
         return 0
     if shape.m < _PAD_MIN_M:
         if in_dtype != "float32":
@@ -280,13 +285,13 @@ def padded_rows(target: Target, in_dtype: str, shape: GemmShape,
                              shape, exact[0], caches, threads))
 
 
-def _narrow_starved(target: Target, shape: GemmShape) -> bool:
+def _narrow_starved(target: Target, in_dtype: str, shape: GemmShape) -> bool:
     """Whether a GEMM of fewer than :data:`_PAD_MIN_N` columns runs on a thin tile (under
     :data:`_PAD_NARROW_ROWS` rows: ``M`` prime, or two or three times a prime) of too few
-    accumulators for the FMA latency, every row re-reading ``B``, and whose last panel does not
-    hold its columns transposed (``microkernels/transposed_tail.py``: dot products, as fast
-    on one row)."""
-    exact = select(target, "float32", shape, packing=True)
+    accumulators, every row re-reading ``B`` and its FMAs waiting on each other, and (fp32)
+    whose panel does not hold its columns transposed (``microkernels/transposed_tail.py``:
+    dot products, as fast on one row)."""
+    exact = select(target, in_dtype, shape, packing=True)
     if not exact or exact[0].per_block:
         return False
     kernel = exact[0]
@@ -294,7 +299,8 @@ def _narrow_starved(target: Target, shape: GemmShape) -> bool:
             kernel.mr * kernel.nr // kernel.lanes >= _MIN_ACCUMULATORS:
         return False
     columns = shape.n % kernel.panel_width
-    return not columns or transposed_layout(kernel.lanes, kernel.panel_width, columns) is None
+    return kernel.in_dtype != "float32" or not columns or transposed_layout(
+        kernel.lanes, kernel.panel_width, columns) is None
 
 
 def _best_padding(shape: GemmShape, kernels: list[Microkernel], value, threshold: float) -> int:
