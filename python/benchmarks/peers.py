@@ -3,8 +3,9 @@
 The oneDNN Graph Compiler paper's fp32 workloads (MLP_1, MLP_2, BERT-base MHA, a BERT-base
 encoder layer, a 1024³ GEMM) are built as ONNX, every runtime's outputs are checked against stock
 TVM's, and then all runtimes are timed interleaved in one process; medians are printed with
-GFLOP/s, % of the machine's measured fp32 peak (``tvm_hybrid.bench.peak``) and the speed-up over the
-first runtime listed (stock TVM by default), then hybrid's speed ratio over each other runtime.
+GFLOP/s, % of the machine's measured fp32 peak (``tvm_hybrid.bench.peak``; the summary takes the
+higher of a measurement before and one after the workloads) and the speed-up over the first
+runtime listed (stock TVM by default), then hybrid's speed ratio over each other runtime.
 This prints ratios; it is not a test.
 
     python python/benchmarks/peers.py            # all workloads (stock TVM makes this slow)
@@ -42,6 +43,14 @@ def main() -> None:
         results.append(compare(wl.name, wl.model, wl.inputs, peers, flops=wl.flops,
                                rounds=args.rounds))
         print(format_table(results[-1:], baseline=peers[0], peak_gflops=peak), flush=True)
+    # A shared machine can run slower for a while (another tenant, a lower clock): a peak
+    # measured in such a moment made a table's % of peak read above 100%. The summary takes
+    # the higher of a measurement before and one after the workloads.
+    again = measure_fp32_peak()
+    if abs(again.gflops - peak) > 0.05 * max(again.gflops, peak):
+        print(f"peak measured again: {again.describe()}; the summary's % of peak uses "
+              f"{max(peak, again.gflops):.0f} GFLOP/s (the machine's speed changed during the run)")
+    peak = max(peak, again.gflops)
     baseline = peers[0]
     print(f"\nSummary (median of interleaved rounds; speed-up over {baseline})")
     print(format_table(results, baseline=baseline, peak_gflops=peak))
