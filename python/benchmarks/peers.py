@@ -47,10 +47,11 @@ def main() -> None:
     # measured in such a moment made a table's % of peak read above 100%. The summary takes
     # the higher of a measurement before and one after the workloads.
     again = measure_fp32_peak()
-    if abs(again.gflops - peak) > 0.05 * max(again.gflops, peak):
+    higher = max(peak, again.gflops)
+    if abs(again.gflops - peak) > 0.05 * higher:
         print(f"peak measured again: {again.describe()}; the summary's % of peak uses "
-              f"{max(peak, again.gflops):.0f} GFLOP/s (the machine's speed changed during the run)")
-    peak = max(peak, again.gflops)
+              f"{higher:.0f} GFLOP/s (the machine's speed changed during the run)")
+    peak = higher
     baseline = peers[0]
     print(f"\nSummary (median of interleaved rounds; speed-up over {baseline})")
     print(format_table(results, baseline=baseline, peak_gflops=peak))

@@ -171,7 +171,8 @@ def measure_peak(kind: str = "fp32", target: Target | None = None,
 
 
 def _best_seconds(timer, args: list) -> float:
-    """The fastest run of :data:`_TIMINGS` timer calls (7 repeats each, about 25 ms).
+    """The fastest run of :data:`_TIMINGS` timer calls (each of 7 repeats; the fp32 kernel's
+    call takes about 25 ms).
 
     On a shared VM a vCPU sometimes ran at half speed for longer than one call: a process's
     first call gave 234 GFLOP/s and its next ones 435-461 (a 2-core Zen 5), and a benchmark's
