@@ -41,7 +41,7 @@ from tvm_hybrid.schedules.attention.heuristics import (
     knobs_from_dict,
     variants,
 )
-from tvm_hybrid.schedules.attention.kernel import exp_nonpositive
+from tvm_hybrid.schedules.attention.kernel import exp2_nonpositive, exp_nonpositive
 from tvm_hybrid.testing.relax_modules import relax_function
 
 HASWELL = tvm_hybrid.make_target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
@@ -230,6 +230,57 @@ def test_softmax_exp_is_within_3e_7_of_exact_and_keeps_nan(target):
     assert np.isnan(got[nan]).all()
     err = np.abs(got[~nan] / want[~nan] - 1)
     assert err.max() <= 3e-7 and err[x[~nan] >= -10].max() <= 1e-7
+
+
+@pytest.mark.parametrize("target", [None, HASWELL], ids=["host", "haswell"])
+def test_softmax_exp2_is_within_1e_7_of_exact_and_keeps_nan(target):
+    """The fp32 kernel's ``2**x`` (scores in base 2), vectorised as in the kernel: within 1e-7
+    relative of the exact value from 0 down to -126, where it stops (a masked score: -1e4,
+    -inf and the lowest float give ``2**-126``); a NaN stays NaN."""
+    from tvm.script import tirx as T
+
+    @T.prim_func
+    def exps(A: T.Buffer((4096,), "float32"), B: T.Buffer((4096,), "float32")):
+        for i in range(64):
+            for j in T.vectorized(64):
+                B[i * 64 + j] = exp2_nonpositive(A[i * 64 + j])
+
+    x = np.concatenate([-np.linspace(0, 126, 3968), -RNG.random(64) * 1e-6,
+                        [-126.4, -127, -1e4, -np.inf, -3.4e38, np.nan, -0.0, -0.5] * 8])
+    x = x.astype("float32")
+    ex = tvm.compile(tvm.IRModule({"main": exps}), target=target or host_target())
+    out = tvm.runtime.empty((4096,), "float32")
+    ex["main"](tvm.runtime.tensor(x), out)
+    got = out.numpy().astype(np.float64)
+    want = np.exp2(np.maximum(x.astype(np.float64), -126.0))
+    nan = np.isnan(x)
+    assert np.isnan(got[nan]).all()
+    assert np.abs(got[~nan] / want[~nan] - 1).max() <= 1e-7
+
+
+@pytest.mark.parametrize("target", [None, HASWELL], ids=["host", "haswell"])
+def test_lowest_float_masks_stay_finite_in_base_2(target):
+    """Masks of ``finfo(float32).min`` (Hugging Face's padding), additive or as the fill of a
+    boolean mask, times ``log2(e)`` in the kernel: they stay the lowest float, so a query whose
+    every key is masked averages all values, as the unfused graph does, and is not NaN."""
+    lowest = float(np.finfo("float32").min)
+    q_len = kv_len = 40
+    mask = np.zeros((2, 1, q_len, kv_len), "float32")
+    mask[0, :, :, 30:] = lowest  # padding
+    mask[1, :, 5] = lowest  # query 5 of batch 1 sees no key
+    target = target or host_target()
+    shape = AttentionShape(2, 2, q_len, kv_len, 32, mask_shape=mask.shape, scale=0.2)
+    got, want, _ = _run_kernel(shape, target, mask)
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+    cond = np.ones((1, 1, q_len, kv_len), bool)
+    cond[..., 7, :] = False  # query 7 sees no key
+    cond[..., :, 33:] = False
+    shape = AttentionShape(2, 2, q_len, kv_len, 32, scale=0.2, cond_shape=cond.shape,
+                           fill=lowest)
+    got, want, _ = _run_kernel(shape, target, None, cond)
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
 
 
 @pytest.mark.parametrize("target", [None, HASWELL], ids=["host", "haswell"])
