@@ -10,7 +10,7 @@ L2 (``kv_len x q_block`` fp32), no ``q_len x kv_len`` buffer::
     VW[g, c] = bf16(V[2g, c]) | bf16(V[2g + 1, c]) << 16    # keys past the end are 0
     QP[g, i] = bf16(Q[q0 + i, 2g]) | bf16(Q[q0 + i, 2g + 1]) << 16          # per task
     S[j, i]  = scale * KW[:, j] . QP[:, i]  [masks]         # bf16 products, fp32 sums
-    e[j, i]  = exp(S[j, i] - max_j S[:, i]);  l[i] = sum_j e[j, i]          # fp32
+    e[j, i]  = exp(S[j, i] - max_j S[:, i]);  l[i] = sum_j e[j, i]          # fp32, in base 2
     PP[g, i] = bf16(e[2g, i]) | bf16(e[2g + 1, i]) << 16
     out[q0 + i, c] = (VW[:, c] . PP[:, i]) / l[i]
 
@@ -36,12 +36,13 @@ from ...microkernels.families.bf16_widening import widening_update
 from ...microkernels.tiles import grouped_updates
 from .heuristics import AttentionKnobs
 from .kernel import (
+    _LOG2E,
     _LOWEST,
     ATTENTION_ATTR,
     FLOPS_ATTR,
     SHAPE_ATTR,
     apply_masks,
-    exp_nonpositive,
+    exp2_nonpositive,
     kept_params,
 )
 from .workload import AttentionShape, element_offset
@@ -143,7 +144,8 @@ def bf16_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.
     words = -(-kv // 2)
     pairs, tail = divmod(kv, 2)
     dg, vectors = d // 2, bq // lanes
-    scale = T.float32(shape.scale if shape.scale is not None else 1.0)
+    # Scores in base 2 (kernel.exp2_nonpositive): log2(e) in the scale and the masks.
+    scale = T.float32((shape.scale if shape.scale is not None else 1.0) * _LOG2E)
     layouts = {"q": shape.q_layout, "o": shape.out_layout}
     numel = {n: math.prod(shape.tensor_shape(layouts[n], q_len)) for n in layouts}
     kw_shape, vw_shape = bf16_prep_shapes(shape)
@@ -171,7 +173,7 @@ def bf16_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.
                 for i in T.vectorized(bq):
                     ST[row0 + jt * rows + j, i] = apply_masks(
                         shape, acc[j, i] * scale, M, C, b, h, T.min(q0 + i, q_len - 1),
-                        row0 + jt * rows + j)
+                        row0 + jt * rows + j, _LOG2E)
                     mx[i] = T.max(mx[i], ST[row0 + jt * rows + j, i])
 
     @T.macro
@@ -201,7 +203,7 @@ def bf16_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.
                 qk_tiles(KW, M, C, QP, ST, mx, b, h, q0, kv - kv % qk.mr, kv % qk.mr, 1)
             for j in range(kv):
                 for i in T.vectorized(bq):
-                    ST[j, i] = exp_nonpositive(ST[j, i] - mx[i])
+                    ST[j, i] = exp2_nonpositive(ST[j, i] - mx[i])
                     ls[i] = ls[i] + ST[j, i]
             for g in range(pairs):
                 for i in T.vectorized(bq):

@@ -28,13 +28,16 @@ reads clamped rows and writes only real ones.
 
 The scores are in base 2 (``exp(x) = 2**(x log2(e))``, the factor folded into the query block
 and the masks, so the score epilogue adds the mask with no multiply), and the exponential is
-:func:`exp2_nonpositive` (relative error under 1e-7; its arguments are never positive): its
-reduction is one addition and a subtraction, where :func:`exp_nonpositive` (the int8 and bf16
-kernels') takes two FMAs and a longer polynomial. Kernel alone against the base-e form, same
+:func:`exp2_nonpositive` (relative error under 1e-7; its arguments are never positive; the
+int8 and bf16 kernels use it too): its reduction is one addition and a subtraction, where
+the base-e form took two FMAs and a longer polynomial. Kernel alone against the base-e form, same
 process, 11 rounds, on a 2-core Zen 4: BERT heads b1 s128 1.020x, b1 s384 1.025x, b32 s384
 1.019x, b8 s512 with 16 heads 1.022x (AVX-512; faster in 10-11 of 11 rounds), b32 s128 within
 noise; the AVX2 code b1 s384 1.031x, b32 s128 1.026x, b8 s512 within noise. The exponential
-alone was 6.4% of the b8 s512 kernel there.
+alone was 6.4% of the b8 s512 kernel there. The bf16 kernel (``vdpbf16ps``, same host, with its
+preparation): b1 s128 1.014x, b1 s384 1.014x, b32 s128 1.019x, b8 s512 1.043x (11 of 11); the
+int8 kernel, QDQ model calls: b1 s128 1.08x, b1 s384 1.03x, b32 rows within noise, outputs
+equal but for 0.004% of elements (a probability at a quantization boundary).
 """
 
 from __future__ import annotations
@@ -62,41 +65,10 @@ SHAPE_ATTR = "hybrid.attention_shape"
 #: ``n`` and leaves ``n + 127`` in the low bits of the mantissa, so those bits shifted into the
 #: exponent field are the float ``2**n``.
 _ROUNDING = 12582912.0 + 127.0
-#: The clamp of :func:`exp_nonpositive`: ``2**n`` stays a normal float (``n >= -126``).
-_EXP_FLOOR = -87.0
-#: ``exp(x) = 2**(x * _LOG2E)``: the fp32 kernel's scores are in base 2.
+#: ``exp(x) = 2**(x * _LOG2E)``: the kernels' scores are in base 2.
 _LOG2E = math.log2(math.e)
 #: The largest float32.
 _FLOAT_MAX = 3.4028234663852886e38
-
-
-def exp_nonpositive(x):
-    """``exp(x)`` for ``x <= 0`` (a score less a running maximum): the Cephes polynomial of
-    TVM's ``topi.fast_exp`` (relative error 1e-7 down to -10, 3e-7 at -87: one constant
-    reduces by ``ln 2``) in 16 vector operations where ``fast_exp``
-    takes 21 (it clamps both ways, rounds with ``floor``, converts and biases ``n``, and keeps
-    NaN with a last ``max``).
-
-    ``t = x * log2(e) + _ROUNDING`` rounds and biases ``n`` in one FMA (no ``floor``, no
-    conversion, no bias add); ``2**n`` is ``t``'s bits shifted by 23; ``f = x - n * ln(2)``
-    and the polynomial in Horner form are FMAs only. ``x`` is clamped at ``_EXP_FLOOR``
-    (``exp(-87)``, 1.6e-38, stands for the zero of a masked score, as ``fast_exp``'s clamp
-    at -88.4 does); a NaN passes the clamp (the constant is the max's first operand, and
-    ``a > b ? a : b`` is ``b`` for a NaN ``b``), and so reaches the result. Valid up to
-    ``x = 88`` (``2**n`` overflows past it).
-    """
-    p = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
-         1.6666665459e-1, 5.0000001201e-1)
-    xc = T.max(T.float32(_EXP_FLOOR), x)
-    t = xc * T.float32(math.log2(math.e)) + T.float32(_ROUNDING)
-    # n through t's bits: TVM's simplifier would fold (a + c) - c to a.
-    n = T.reinterpret("float32", T.reinterpret("int32", t)) - T.float32(_ROUNDING)
-    f = xc - n * T.float32(math.log(2.0))
-    y = T.float32(p[0])
-    for c in p[1:]:
-        y = y * f + T.float32(c)
-    y = (y * f + T.float32(1.0)) * f + T.float32(1.0)
-    return T.reinterpret("float32", T.shift_left(T.reinterpret("int32", t), 23)) * y
 
 
 #: The clamp of :func:`exp2_nonpositive`: ``2**-126``, the least normal float.
@@ -108,17 +80,20 @@ _EXP2_POLYNOMIAL = (6.931471824645996e-01, 2.402264773845673e-01, 5.550332367420
 
 
 def exp2_nonpositive(x):
-    """``2**x`` for ``x <= 0`` (a score in base 2 less its running maximum: the fp32 kernel
-    takes its scores times ``log2(e)``, folded into the query block and the masks), within
-    1e-7 relative of the exact value down to ``2**-126`` (the reduction is exact: ``n`` is an
-    integer, ``f = x - n`` has no rounding): its reduction and polynomial take three
-    additions and six FMAs where :func:`exp_nonpositive`'s take one subtraction and nine FMAs
-    (on AMD's cores FMAs share two pipes with the products, additions issue on two others).
+    """``2**x`` for ``x <= 0`` (a score in base 2 less its maximum: the kernels take their
+    scores times ``log2(e)``, folded into the query block or the scores' scale and into the
+    masks), within 1e-7 relative of the exact value down to ``2**-126``: the reduction is
+    exact (``n`` an integer, ``f = x - n`` with no rounding), and it takes three additions
+    and six FMAs where the base-e form it replaced (the Cephes polynomial of TVM's
+    ``fast_exp``, reduced by ``ln 2``) took one subtraction and nine FMAs, with an error
+    growing to 3e-7 at -87. (On AMD's cores FMAs share two pipes with the products, additions
+    issue on two others.)
 
     ``t = x + _ROUNDING`` rounds and biases ``n``; ``2**n`` is ``t``'s bits shifted by 23;
     ``2**f`` a degree-6 polynomial in Horner form. ``x`` is clamped at ``-126`` (a masked
-    score's zero); a NaN passes the clamp and reaches the result, as in
-    :func:`exp_nonpositive`."""
+    score's zero; ``2**-126`` stays a normal float); a NaN passes the clamp (the constant is
+    the max's first operand, and ``a > b ? a : b`` is ``b`` for a NaN ``b``), and so reaches
+    the result."""
     xc = T.max(T.float32(_EXP2_FLOOR), x)
     t = xc + T.float32(_ROUNDING)
     # n through t's bits: TVM's simplifier would fold (a + c) - c to a.

@@ -50,7 +50,7 @@ take the VNNI form (copying the last keys into a zero-padded block was tried: at
 and CLIP's 77 keys it ran no faster than VNNI, 2.44 against 2.38 ms at b8 s197, 0.56 against
 0.48 at b8 s77).
 
-The integer parts are exact; the softmax is fp32 (``exp_nonpositive``, a reciprocal of the
+The integer parts are exact; the softmax is fp32 (``exp2_nonpositive``, a reciprocal of the
 sum), so a probability whose scaled value falls within float rounding of a quantization boundary may
 round to the neighbouring step (the tests measure how often).
 """
@@ -69,12 +69,13 @@ from ...microkernels.families.vnni import vnni_update
 from ...microkernels.tiles import grouped_updates
 from .heuristics import AttentionKnobs, amx_applies
 from .kernel import (
+    _LOG2E,
     _LOWEST,
     ATTENTION_ATTR,
     FLOPS_ATTR,
     SHAPE_ATTR,
     apply_masks,
-    exp_nonpositive,
+    exp2_nonpositive,
     kept_params,
 )
 from .workload import AttentionShape, element_offset, row_strides
@@ -258,7 +259,8 @@ def quantized_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> 
     zq = quant.q_zero - 128 if vnni else quant.q_zero
     zk, zv, zp = quant.k_zero, quant.v_zero, quant.p_zero
     p_offset = 128 if vnni else zp
-    score_scale = T.float32(quant.q_scale * quant.k_scale * (shape.scale or 1.0))
+    # Scores in base 2 (kernel.exp2_nonpositive): log2(e) in their scale and the masks.
+    score_scale = T.float32(quant.q_scale * quant.k_scale * (shape.scale or 1.0) * _LOG2E)
     out_scale = T.float32(quant.p_scale * quant.v_scale)
     k_row, _ = row_strides(shape.k_layout, shape, kv)
     layouts = {"q": shape.q_layout, "k": shape.k_layout, "o": shape.out_layout}
@@ -331,7 +333,7 @@ def quantized_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> 
                     ST[row0 + jt * rows + j, i] = apply_masks(
                         shape, T.Cast("float32", score(acc, KS, QS, b, h, j, i,
                                                        row0 + jt * rows + j)) * score_scale,
-                        M, C, b, h, T.min(q0 + i, q_len - 1), row0 + jt * rows + j)
+                        M, C, b, h, T.min(q0 + i, q_len - 1), row0 + jt * rows + j, _LOG2E)
                     mx[i] = T.max(mx[i], ST[row0 + jt * rows + j, i])
 
     def rows_at(A, row, half, step):  # 16 rows of 64 bytes (A tiles of K, VT)
@@ -361,7 +363,8 @@ def quantized_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> 
                 for i in T.vectorized(bq):
                     ST[jt * 32 + j, i] = apply_masks(
                         shape, T.Cast("float32", score(SA, KS, QS, b, h, j, i, jt * 32 + j))
-                        * score_scale, M, C, b, h, T.min(q0 + i, q_len - 1), jt * 32 + j)
+                        * score_scale, M, C, b, h, T.min(q0 + i, q_len - 1), jt * 32 + j,
+                        _LOG2E)
                     mx[i] = T.max(mx[i], ST[jt * 32 + j, i])
 
     @T.macro
@@ -460,7 +463,7 @@ def quantized_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> 
                              kv % qk.mr, 1)
             for j in range(kv):
                 for i in T.vectorized(bq):
-                    ST[j, i] = exp_nonpositive(ST[j, i] - mx[i])
+                    ST[j, i] = exp2_nonpositive(ST[j, i] - mx[i])
                     ls[i] = ls[i] + ST[j, i]
             for i in T.vectorized(bq):
                 ls[i] = T.float32(1.0 / quant.p_scale) / ls[i]
