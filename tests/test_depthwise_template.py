@@ -5,6 +5,7 @@ ISA's FMAs in its assembly."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 
@@ -136,13 +137,15 @@ def test_template_keeps_the_taps_in_a_register_block_before_the_epilogue():
     assert _weight_loads(after) == 9, "the taps once, in the depthwise block"
     (alloc,) = re.findall(r'depthwise\w* = T\.sblock_alloc_buffer\(.*\)', after)
     assert "local" not in alloc, "a stack buffer, not one from the workspace pool"
-    assert knobs == depthwise_knobs(DepthwiseShape(8, 12, 32, 9), target)
-    assert f'"{TEMPLATE_ANNOTATION}": "depthwise convolution, {knobs.x_block} pixels x ' \
-           f'{knobs.lanes} channels per register block, 9 taps"' in after
+    assert knobs == depthwise_knobs(DepthwiseShape(8, 12, 32, 9, height=8), target)
+    assert knobs.y_block == 2, "8 rows: blocks of 2 rows"
+    assert f'"{TEMPLATE_ANNOTATION}": "depthwise convolution, 2 rows x {knobs.x_block} pixels ' \
+           f'x {knobs.lanes} channels per register block, 9 taps"' in after
     loops = re.findall(r"in T\.(parallel|vectorized|unroll)\((?:T\.int64\()?(\d+)", after)
     assert loops[0][0] == "parallel"
-    for kind, extent in (("unroll", knobs.x_block), ("vectorized", knobs.lanes)):
-        assert loops.count((kind, str(extent))) == 2, loops  # the taps' block and the output's
+    # The taps' block and the output's each unroll their rows and pixels, and vectorise.
+    assert loops[1:] == [("unroll", "2"), ("unroll", str(knobs.x_block)),
+                         ("vectorized", str(knobs.lanes))] * 2, loops
 
 
 CASES = {
@@ -155,16 +158,19 @@ CASES = {
                                     epilogue="residual"),
     "no-epilogue-width7": dict(c=40, size=(7, 7), epilogue="none"),
     "width13-quarter-vector": dict(c=20, size=(5, 13), k=3),
+    "5x5-two-rows": dict(c=64, size=(8, 10), k=5, pads=2, epilogue="relu6", rows=2),
 }
 
 
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
 def test_template_matches_the_reference(case):
-    model, x = _model(**case)
+    model, x = _model(**{k: v for k, v in case.items() if k != "rows"})
     compiled = compiles_and_matches(model, {"x": x}, expected=_reference(model, x))
     (info,) = [i for n, i in compiled.kernels.items() if "depthwise" in n]
     assert info.schedule == "template" and "depthwise convolution" in info.detail, info
     assert info.flops > 0
+    if "rows" in case:
+        assert f"{case['rows']} rows x " in info.detail, info.detail
 
 
 def test_padding_is_read_in_the_taps_not_written_by_a_kernel_of_its_own():
@@ -215,6 +221,17 @@ def test_heuristic_blocks():
     assert depthwise_knobs(DepthwiseShape(12, 80, 240, 25), ymm) == DepthwiseKnobs(8, 4)
     assert depthwise_knobs(DepthwiseShape(3, 7, 72, 9), zmm) == DepthwiseKnobs(8, 7)
     assert depthwise_knobs(DepthwiseShape(3, 7, 15, 9), zmm) is None
+    # Rows: 2 where they divide the height and leave every thread 4 tasks.
+    for taps, height, batch, channels, rows in (
+            (9, 24, 1, 64, 2), (9, 56, 2, 96, 2), (25, 12, 1, 240, 2), (25, 6, 1, 240, 2),
+            (49, 8, 1, 64, 2), (9, 7, 1, 512, 1), (25, 9, 2, 64, 1), (9, 28, 1, 8, 2),
+            (9, 4, 1, 16, 1)):
+        shape = DepthwiseShape(batch * height, 16, channels, taps, height=height)
+        assert depthwise_knobs(shape, zmm).y_block == rows, (taps, height, channels)
+    # 4 rows of 32 channels (4 ymm vectors): 16 tasks, 8 in blocks of 2 rows, 4 per thread;
+    # of 16 channels 4 tasks: one row.
+    assert depthwise_knobs(DepthwiseShape(4, 16, 32, 9, height=4), ymm).y_block == 2
+    assert depthwise_knobs(DepthwiseShape(4, 16, 16, 9, height=4), ymm).y_block == 1
     # A u8 output (a quantized epilogue) is written 16 bytes at a time at least.
     assert channel_lanes(ymm, 32, out_bytes=1) == [16]
     assert channel_lanes(zmm, 32, out_bytes=1) == [16, 32]
@@ -237,7 +254,12 @@ def test_tuner_space_round_trips_and_other_knobs_still_match():
         assert template.fits(workload, knobs, target)
         assert template.knobs_from_dict(knobs.as_dict()) == knobs
     assert not template.fits(workload, DepthwiseKnobs(heuristic.lanes, 5), target)
-    other = DepthwiseKnobs(min(k.lanes for k in space), 12)
+    assert not template.fits(workload, DepthwiseKnobs(heuristic.lanes, 4, 4), target)  # 6 rows
+    assert {k.y_block for k in space} == {1, 2, 3}
+    record = heuristic.as_dict()
+    del record["y_block"]  # a record from before the row block: one row
+    assert template.knobs_from_dict(record) == dataclasses.replace(heuristic, y_block=1)
+    other = DepthwiseKnobs(min(k.lanes for k in space), 12, 3)  # a whole row, 3 rows
     scheduled, _ = apply_template(template, func, target, [other])
     lib = tvm.compile(tvm.IRModule({"main": scheduled.mod["main"].with_attr(
         "global_symbol", "main")}), target=target)
