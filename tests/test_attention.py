@@ -233,8 +233,9 @@ def test_softmax_exp2_is_within_1e_7_of_exact_and_keeps_nan(target):
 @pytest.mark.parametrize("target", [None, HASWELL], ids=["host", "haswell"])
 def test_lowest_float_masks_stay_finite_in_base_2(target):
     """Masks of ``finfo(float32).min`` (Hugging Face's padding), additive or as the fill of a
-    boolean mask, times ``log2(e)`` in the kernel: they stay the lowest float, so a query whose
-    every key is masked averages all values, as the unfused graph does, and is not NaN."""
+    boolean mask, times ``log2(e)`` in the kernel (the fill kept a float32, the additive mask
+    -inf): a query whose every key is masked averages all values, as the unfused graph does,
+    and is not NaN."""
     lowest = float(np.finfo("float32").min)
     q_len = kv_len = 40
     mask = np.zeros((2, 1, q_len, kv_len), "float32")

@@ -176,7 +176,7 @@ def default_y_block(shape: DepthwiseShape, lanes: int, threads: int) -> int:
     that leaves every thread four tasks (module docstring)."""
     tasks = shape.rows * (shape.channels // lanes)
     return max(y for y in row_blocks(shape.height)
-               if y <= Y_BLOCK and tasks // y >= 4 * threads or y == 1)
+               if y == 1 or (y <= Y_BLOCK and tasks // y >= 4 * threads))
 
 
 def depthwise_knobs(shape: DepthwiseShape, target: Target) -> DepthwiseKnobs | None:

@@ -42,6 +42,7 @@ from .kernel import (
     FLOPS_ATTR,
     SHAPE_ATTR,
     apply_masks,
+    base2_scale,
     exp2_nonpositive,
     kept_params,
 )
@@ -144,8 +145,7 @@ def bf16_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.
     words = -(-kv // 2)
     pairs, tail = divmod(kv, 2)
     dg, vectors = d // 2, bq // lanes
-    # Scores in base 2 (kernel.exp2_nonpositive): log2(e) in the scale and the masks.
-    scale = T.float32((shape.scale if shape.scale is not None else 1.0) * _LOG2E)
+    scale = T.float32(base2_scale(shape))  # scores in base 2, as are the masks
     layouts = {"q": shape.q_layout, "o": shape.out_layout}
     numel = {n: math.prod(shape.tensor_shape(layouts[n], q_len)) for n in layouts}
     kw_shape, vw_shape = bf16_prep_shapes(shape)

@@ -150,6 +150,12 @@ def apply_masks(shape: AttentionShape, value, M, C, b, h, q, k, base: float = 1.
     return value
 
 
+def base2_scale(shape: AttentionShape) -> float:
+    """The factor on ``Q . K`` that gives a score in base 2: ``shape``'s scale times
+    ``log2(e)`` (:func:`exp2_nonpositive`)."""
+    return (shape.scale if shape.scale is not None else 1.0) * _LOG2E
+
+
 def _finite_times(value: float, factor: float) -> float:
     """``value * factor``, within float32's range where ``value`` is finite."""
     if not math.isfinite(value):
@@ -177,8 +183,8 @@ def attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> tirx.PrimF
     bq, bk, heads = knobs.q_block, knobs.k_block, shape.heads
     q_blocks = -(-q_len // bq)
     full_blocks, tail = divmod(kv_len, bk)
-    # Scores in base 2 (exp2_nonpositive): the scale and log2(e) multiply the query block.
-    scale = T.float32((shape.scale if shape.scale is not None else 1.0) * _LOG2E)
+    # Scores in base 2: the scale and log2(e) multiply the query block.
+    scale = T.float32(base2_scale(shape))
     sizes = {"q": q_len, "k": kv_len, "v": kv_len, "o": q_len}
     layouts = {"q": shape.q_layout, "k": shape.k_layout, "v": shape.v_layout,
                "o": shape.out_layout}
