@@ -24,6 +24,8 @@ from tvm_hybrid.microkernels import ensure_tensor_intrin, microkernel_by_name, t
 from tvm_hybrid.microkernels.tiles import Tail, split_sets
 from tvm_hybrid.microkernels.transposed_tail import (
     accumulator_sets,
+    copy_period,
+    copy_row,
     transposed_layout,
     write_transposed_copy,
 )
@@ -72,18 +74,41 @@ def test_the_copy_leaves_every_kept_column_as_packed(rng):
     packed = write_transposed_copy(pack_weight(w, 32), w, 16, 16)
     np.testing.assert_array_equal(packed[:3], plain[:3])
     np.testing.assert_array_equal(packed[3, :, :1], plain[3, :, :1])
-    # 20 whole groups of 16 k (333 = 20 * 16 + 13): group t in row 16 t, columns 16-31
-    np.testing.assert_array_equal(packed[3, 0:320:16, 16:], w[:320, 96].reshape(20, 16))
+    # 20 whole groups of 16 k (333 = 20 * 16 + 13): group t in columns 16-31 of row 16 t, one
+    # row lower for every 32 rows (4 KiB) before it: rows 0, 16, 33, 49, 66, ...
+    rows = [16 * t + (16 * t // 32) % 16 for t in range(20)]
+    assert rows[:5] == [0, 16, 33, 49, 66]
+    np.testing.assert_array_equal(packed[3, rows, 16:], w[:320, 96].reshape(20, 16))
     rest = packed[3].copy()
-    rest[0:320:16, 16:] = 0
+    rest[rows, 16:] = 0
     np.testing.assert_array_equal(rest[:, 1:], 0)
     # 3 columns on 4 k per vector: lane 4 c + j holds B[k0 + j, c]; the 4th column is zero
     w3 = w[:, :67]
     packed = write_transposed_copy(pack_weight(w3, 32), w3, 16, 4)
-    group = packed[2, 8, 16:]  # k = 8 ... 11
+    group = packed[2, 8, 16:]  # k = 8 ... 11, the third group (its first row, 8 < 32)
     for c in range(3):
         np.testing.assert_array_equal(group[4 * c: 4 * c + 4], w3[8:12, 64 + c])
     assert not group[12:].any()
+
+
+@pytest.mark.parametrize("run", [2, 4, 8, 16])
+def test_the_copy_spreads_over_the_l1_sets(run):
+    """The copy's vectors (16 lanes, columns 16-31 of a 32-column panel: the second 64-byte
+    line of a row) fall into every one of the 32 L1 sets such lines map to, evenly, so that
+    ``K`` = 512 x 2 / ``run`` groups (16 KiB for ``run`` 2) fit the 8 ways: in each group's
+    first row they would use ``32 / run`` sets and ``K`` = 333 with ``run`` 2 (167 vectors, 10.7
+    KiB) would not fit."""
+    groups = 256
+    rows = copy_row(np.arange(groups), run, 32)
+    assert np.all((rows >= np.arange(groups) * run) & (rows < (np.arange(groups) + 1) * run))
+    sets = (rows * 32 + 16) * 4 // 64 % 64  # 64 sets of 64-byte lines
+    assert np.bincount(sets, minlength=64).max() == 8
+    assert len(set(sets.tolist())) == 32
+    plain = (np.arange(167) * 2 * 32 + 16) * 4 // 64 % 64  # run 2 at each group's first row
+    assert np.bincount(plain).max() > 8
+    # A panel whose rows do not divide 4 KiB (24 columns, AVX2) keeps each group's first row.
+    np.testing.assert_array_equal(copy_row(np.arange(8), 2, 24), np.arange(8) * 2)
+    assert copy_period(2, 32) == 64 and copy_period(16, 32) == 512 and copy_period(2, 24) == 2
 
 
 @pytest.mark.parametrize("target,n,detail", [
@@ -160,12 +185,14 @@ def test_avx2_transposed_tails_match_numpy(m, n, k, rng):
 
 
 @pytest.mark.requires("avx2", "fma")
-@pytest.mark.parametrize("k,k_block,transposed", [(4096, 256, True), (3000, 375, False)])
+@pytest.mark.parametrize("k,k_block,transposed", [(4096, 256, True), (4096, 64, False),
+                                                   (3000, 375, False)])
 def test_k_blocks_run_the_copy_where_they_start_on_its_groups(k, k_block, transposed, rng):
     """K blocks given as knobs (narrow weights never stream from memory, so the heuristic's
-    rule 3 never splits them; a tuner may): blocks of 256 start on the copy's groups of 2
-    ``k`` and run it, blocks of 375 do not and keep the broadcast update. The packed GEMM as
-    the packing pass emits it, on Haswell code run here, against numpy."""
+    rule 3 never splits them; a tuner may): blocks of 256 start where the copy's row rotation
+    does (every 128 rows of a 16-column panel with groups of 2 ``k``) and run it; blocks of 64
+    (whole groups, but mid-rotation) and of 375 do not and keep the broadcast update. The
+    packed GEMM as the packing pass emits it, on Haswell code run here, against numpy."""
     from tvm_hybrid.passes.packed_gemm import packed_gemm
     from tvm_hybrid.schedules import GemmTemplate
     from tvm_hybrid.schedules.gemm.heuristics import GemmKnobs

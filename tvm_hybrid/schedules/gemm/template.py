@@ -52,6 +52,7 @@ from ...host import cache_sizes, target_features
 from ...microkernels import Microkernel, has_gemm_kernels, microkernel_by_name, tensor_intrin
 from ...microkernels.registry import supports_tail, transposed_fits
 from ...microkernels.tiles import Tail
+from ...microkernels.transposed_tail import copy_period
 from ..accumulate import (
     accumulate_in_tile,
     attach_accumulator,
@@ -266,7 +267,7 @@ def gemm_tail(gemm: GemmBlock, kernel: Microkernel, k_block: int = 0) -> Tail | 
 
     Where the panel holds its used columns transposed (``gemm.transposed_run``), the tail
     runs on that copy when ``kernel`` has its vectors and each call's ``K`` (``k_block``, or
-    the whole ``K``) starts on a group of the copy."""
+    the whole ``K``) starts where the copy's row rotation does (``copy_period``)."""
     panel = kernel.panel_width
     if gemm.columns is None or not supports_tail(kernel) or gemm.packed_nr != kernel.nr \
             or panel != kernel.nr or gemm.shape.n % panel:
@@ -276,7 +277,7 @@ def gemm_tail(gemm: GemmBlock, kernel: Microkernel, k_block: int = 0) -> Tail | 
         return None
     tail = Tail((gemm.shape.n // panel - 1) * gemm.shape.k * panel, used)
     run = gemm.transposed_run
-    if run and (not k_block or k_block % run == 0):
+    if run and (not k_block or k_block % copy_period(run, panel) == 0):
         transposed = dataclasses.replace(tail, run=run)
         if transposed_fits(kernel, transposed):
             return transposed
