@@ -155,6 +155,29 @@ def test_quantized_attention_kernel_is_exact_in_integers(case, target, isa):
 
 
 @pytest.mark.parametrize("target,isa", FAMILIES)
+def test_a_zero_scale_gives_every_key_the_same_weight(target, isa):
+    """Scores multiplied by 0 (``shape.scale`` 0.0, not absent): every key gets the same
+    probability, the output is V's mean over the keys. Read as "no scale" (1.0), the products
+    of these peaky operands would pick a few keys."""
+    batch, heads, q_len, kv_len, d = 1, 2, 16, 40, 64
+    rng = np.random.default_rng(7)
+    qt = Quantization(0.06, 128, 0.05, 120, 0.031, 131, 1 / 256, 0)
+    layouts = ("bhsd",) * 4
+    shape = AttentionShape(batch, heads, q_len, kv_len, d, *layouts, rank=4, scale=0.0,
+                           quant=qt)
+    target = target or host_target()
+    knobs = choose_knobs(target, shape)
+    assert knobs is not None and knobs.qk.isa.endswith(isa), shape.describe()
+    q8, k8, v8 = (rng.integers(0, 256, (batch, heads, n, d)).astype(np.uint8)
+                  for n in (q_len, kv_len, kv_len))
+    _, got = _run_kernel(shape, knobs, target, layouts, q8, k8, v8, [None])
+    want = workloads.quantized_attention_reference(q8, k8, v8, None, 0.0, qt)
+    _assert_close_to_integer(got, want, qt, v8)
+    unscaled = workloads.quantized_attention_reference(q8, k8, v8, None, 1.0, qt)
+    assert np.abs(unscaled - want).max() > 10 * qt.p_scale * qt.v_scale * 255
+
+
+@pytest.mark.parametrize("target,isa", FAMILIES)
 @pytest.mark.parametrize("keep_if", [True, False])
 def test_quantized_attention_kernel_applies_a_boolean_mask(target, isa, keep_if):
     """GPT's causal mask (``where(cond, scores, -inf)``, or the inverted ``where(cond, -inf,

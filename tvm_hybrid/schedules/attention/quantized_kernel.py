@@ -75,6 +75,7 @@ from .kernel import (
     FLOPS_ATTR,
     SHAPE_ATTR,
     apply_masks,
+    base2_scale,
     exp2_nonpositive,
     kept_params,
 )
@@ -260,7 +261,7 @@ def quantized_attention_kernel(shape: AttentionShape, knobs: AttentionKnobs) -> 
     zk, zv, zp = quant.k_zero, quant.v_zero, quant.p_zero
     p_offset = 128 if vnni else zp
     # Scores in base 2 (kernel.exp2_nonpositive): log2(e) in their scale and the masks.
-    score_scale = T.float32(quant.q_scale * quant.k_scale * (shape.scale or 1.0) * _LOG2E)
+    score_scale = T.float32(quant.q_scale * quant.k_scale * base2_scale(shape))
     out_scale = T.float32(quant.p_scale * quant.v_scale)
     k_row, _ = row_strides(shape.k_layout, shape, kv)
     layouts = {"q": shape.q_layout, "k": shape.k_layout, "o": shape.out_layout}
