@@ -289,6 +289,11 @@ def test_knobs_come_from_the_registry_and_keep_accumulators_on_the_stack():
         assert knobs.qk.mr * knobs.qk.nr * 4 < STACK_BYTES
         assert knobs.q_block == 4 * lanes and 384 % knobs.k_block == 0
         assert knobs.k_block <= KEY_BLOCK and 64 % knobs.pv.nr == 0
+        # Key blocks: 128 keys with AVX-512; 64 with AVX2, whose scores and V rows then share
+        # the L1 (384 keys: 3 or 6 blocks; 200 keys: 2 blocks of 100 or 4 of 50).
+        assert knobs.k_block == (128 if lanes == 16 else 64)
+        assert choose_knobs(target, AttentionShape(1, 2, 200, 200, 64)).k_block == \
+            (100 if lanes == 16 else 50)
         # P.V: 4 x 64 on AVX-512; on AVX2 the GEMM ranking ties 4 x 16 with 2 x 32, and the
         # taller tile (fewer rows of V loaded per key) wins the tie.
         assert (knobs.pv.mr, knobs.pv.nr) == (4, 4 * lanes if lanes == 16 else 2 * lanes)

@@ -28,8 +28,14 @@ Rules, in order:
    the taller tile loads fewer rows of ``V`` per key, and on a Zen 3 (2 cores, same process)
    BERT heads ran 4-6% faster at batch 1 (s 128, 384), 7-8% at b32 s384 and 18-21% at b32 s128
    and b8 s512 (16 heads) than on 2 x 32.
-4. ``k_block``: the keys split into equal blocks of at most :data:`KEY_BLOCK` (the scores of a
-   block, ``k_block x q_block`` fp32, 32 KiB with AVX-512, stay in L1).
+4. ``k_block``: the keys split into equal blocks of at most :func:`key_block_limit` keys:
+   :data:`KEY_BLOCK` with AVX-512 (the scores of a block, ``k_block x q_block`` fp32, 32 KiB,
+   stay in L1), :data:`NARROW_KEY_BLOCK` with 8-lane vectors (AVX2), where a block's scores
+   and its rows of ``V`` then fit in L1 together (8 + 16 KiB for BERT heads). The AVX2 code on
+   a 2-core Zen 4, same process, 9 rounds, 64 keys against 128: BERT heads b1 s128 1.088x, b1
+   s384 1.047x, b32 s128 1.039x, b32 s384 1.076x, b8 s512 (16 heads) 1.050x (faster in 7-9 of
+   9 rounds), ViT's 197 tokens b4 1.044x and b1 within noise, BERT-base layers (b1 s128 and
+   s384, b8 s128) within noise; the AVX-512 code on the same CPU 0.993-1.006x with 64 keys.
 5. ``copy_heads`` (:func:`copies_heads`): where K's or V's rows lie apart (a head split read in
    place, ``[b, s, h, d]``: rows 3 KiB apart for BERT-base, 4 KiB, the L1's set stride, for 16
    heads of 64; or K transposed), one task per head copies them into consecutive rows and runs
@@ -83,8 +89,10 @@ logger = logging.getLogger(__name__)
 STACK_BYTES = 1024
 #: The most accumulator bytes a tile may have (16 zmm registers).
 TILE_BYTES = 1024
-#: Keys per online-softmax step.
+#: Keys per online-softmax step with AVX-512 (rule 4).
 KEY_BLOCK = 128
+#: Keys per online-softmax step with 8-lane vectors (rule 4).
+NARROW_KEY_BLOCK = 64
 #: The most rows of an int8 attention tile (4 x 64 on AVX-512: 16 accumulators).
 INT8_ROWS = 4
 #: The most rows of a bf16 attention tile (8 x 32 fp32 accumulators: 1 KiB, 16 zmm).
@@ -131,6 +139,11 @@ class AttentionKnobs:
         return {"template": "attention", "isa": self.qk.isa, "qk": [self.qk.mr, self.qk.nr],
                 "pv": [self.pv.mr, self.pv.nr], "k_block": self.k_block,
                 "copy_heads": self.copy_heads}
+
+
+def key_block_limit(lanes: int) -> int:
+    """Rule 4: the most keys of one online-softmax step on vectors of ``lanes`` fp32."""
+    return KEY_BLOCK if lanes >= 16 else NARROW_KEY_BLOCK
 
 
 def register_tiles(family) -> list[Microkernel]:
@@ -300,7 +313,7 @@ def choose_knobs(target: Target, shape: AttentionShape) -> AttentionKnobs | None
     pv = _pv_tiles(tiles, q_block, shape.head_dim)
     if not qk or not pv:
         return None
-    blocks = -(-shape.kv_len // KEY_BLOCK)
+    blocks = -(-shape.kv_len // key_block_limit(family.first.lanes))
     return AttentionKnobs(max(qk, key=lambda t: t.mr), max(pv, key=_pv_score),
                           -(-shape.kv_len // blocks),
                           copies_heads(shape, q_block, target_threads(target)))
