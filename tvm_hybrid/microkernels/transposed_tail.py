@@ -51,20 +51,20 @@ _MIN_WIDTH = 4
 _L1_WAY_BYTES = 4096
 
 
-def rotation_rows(panel: int) -> int:
+def _rotation_rows(run: int, panel: int) -> int:
     """Rows of a ``panel``-column fp32 panel per L1 way (:data:`_L1_WAY_BYTES`; 32 for 32
-    columns), after which the copy's rows move down one row within their groups
-    (:func:`copy_row`); 0 when a row's bytes do not divide a way (its rows then fall into
-    every set anyway)."""
+    columns), after which the copy's rows move down one row within their groups of ``run``
+    (:func:`copy_row`); 0 (no rotation) when a row's bytes do not divide a way (its rows then
+    fall into every set anyway) or ``run`` does not divide those rows."""
     row_bytes = panel * 4
-    return _L1_WAY_BYTES // row_bytes if _L1_WAY_BYTES % row_bytes == 0 else 0
+    rows = _L1_WAY_BYTES // row_bytes if _L1_WAY_BYTES % row_bytes == 0 else 0
+    return rows if rows and rows % run == 0 else 0
 
 
 def copy_period(run: int, panel: int) -> int:
     """Rows after which :func:`copy_row`'s rotation repeats: a call of the tail must start
     ``K`` on a multiple of it to find its groups where the packing put them."""
-    rows = rotation_rows(panel)
-    return run * rows if rows and rows % run == 0 else run
+    return run * (_rotation_rows(run, panel) or 1)
 
 
 def copy_row(group, run: int, panel: int):
@@ -74,10 +74,8 @@ def copy_row(group, run: int, panel: int):
     a 32-column panel would sit every 256 bytes, in a quarter of the L1's sets, whose 8 ways
     then hold 128 of its vectors (``K`` = 256); rotated, its vectors spread over the half of
     the sets that a panel's second line of each row maps to."""
-    rows = rotation_rows(panel)
-    if not rows or rows % run:
-        return group * run
-    return group * run + (group * run // rows) % run
+    rows = _rotation_rows(run, panel)
+    return group * run + (group * run // rows) % run if rows else group * run
 
 
 def spread_of(columns: int) -> int:
