@@ -52,17 +52,22 @@ def _details(model) -> list[str]:
 
 
 def test_the_copy_takes_the_widest_vector_beside_the_used_columns():
-    # (width, run): 16 lanes of zmm beside 1-8 of 32 columns, a power of two of columns each
-    assert transposed_layout(16, 32, 1) == (16, 16)
-    assert transposed_layout(16, 32, 2) == (16, 8)
-    assert transposed_layout(16, 32, 3) == (16, 4)
-    assert transposed_layout(16, 32, 8) == (16, 2)
+    # (width, run, per_column): 16 lanes of zmm beside 1-8 of 32 columns, a power of two of
+    # columns each; where that leaves 2 k a column, 16 k of one column per vector instead
+    assert transposed_layout(16, 32, 1) == (16, 16, False)
+    assert transposed_layout(16, 32, 2) == (16, 8, False)
+    assert transposed_layout(16, 32, 3) == (16, 4, False)
+    assert transposed_layout(16, 32, 4) == (16, 4, False)
+    assert transposed_layout(16, 32, 5) == (16, 16, True)
+    assert transposed_layout(16, 32, 8) == (16, 16, True)
     assert transposed_layout(16, 32, 9) is None  # 16 columns a vector: one k, no gain
-    assert transposed_layout(16, 16, 1) == (8, 8)  # a 1-vector panel: a ymm beside it
+    assert transposed_layout(16, 16, 1) == (8, 8, False)  # a 1-vector panel: a ymm beside it
     assert transposed_layout(16, 16, 5) is None
-    assert transposed_layout(8, 24, 4) == (8, 2)  # AVX2
+    assert transposed_layout(8, 24, 2) == (8, 4, False)  # AVX2
+    assert transposed_layout(8, 24, 3) == (8, 8, True)
+    assert transposed_layout(8, 24, 4) == (8, 8, True)
     assert transposed_layout(8, 24, 5) is None
-    assert transposed_layout(8, 8, 1) == (4, 4)
+    assert transposed_layout(8, 8, 1) == (4, 4, False)
     assert transposed_layout(8, 8, 3) is None
 
 
@@ -91,6 +96,25 @@ def test_the_copy_leaves_every_kept_column_as_packed(rng):
     assert not group[12:].any()
 
 
+def test_a_per_column_copy_holds_one_column_per_row_of_a_group(rng):
+    """7 columns on 16 ``k`` of one column per vector: column ``c`` of group ``t`` in row ``c``
+    of the group's 16 rows, 8 rows lower (the columns rounded up to a power of two) for every
+    32 rows (4 KiB) before the group; the other rows' dropped columns stay zero."""
+    w = rng.standard_normal((333, 7)).astype("float32")
+    plain = pack_weight(w, 32)
+    packed = write_transposed_copy(pack_weight(w, 32), w, 16, 16, per_column=True)
+    np.testing.assert_array_equal(packed[..., :16], plain[..., :16])
+    written = np.zeros(333, bool)
+    for t in range(20):  # 333 = 20 * 16 + 13
+        for c in range(7):
+            row = copy_row(t, 16, 32, c, 8)
+            assert row == 16 * t + (c + 8 * (t // 2)) % 16
+            np.testing.assert_array_equal(packed[0, row, 16:], w[16 * t: 16 * t + 16, c])
+            written[row] = True
+    assert not packed[0, ~written, 16:].any()
+    assert copy_period(16, 32, 8) == 64  # groups 0-3: 0, 0, 8, 8 rows down, then again
+
+
 @pytest.mark.parametrize("run", [2, 4, 8, 16])
 def test_the_copy_spreads_over_the_l1_sets(run):
     """The copy's vectors (16 lanes, columns 16-31 of a 32-column panel: the second 64-byte
@@ -114,10 +138,12 @@ def test_the_copy_spreads_over_the_l1_sets(run):
 @pytest.mark.parametrize("target,n,detail", [
     (ZNVER4, 1, "last panel 1 of 32 columns, transposed (16 k per vector)"),
     (ZNVER4, 4, "last panel 4 of 32 columns, transposed (4 k per vector)"),
-    (ZNVER4, 8, "last panel 8 of 32 columns, transposed (2 k per vector)"),
+    (ZNVER4, 7, "last panel 7 of 32 columns, transposed (16 k of one column per vector)"),
+    (ZNVER4, 8, "last panel 8 of 32 columns, transposed (16 k of one column per vector)"),
     (HASWELL, 1, "last panel 1 of 32 columns, transposed (8 k per vector)"),
-    (HASWELL, 3, "last panel 3 of 32 columns, transposed (2 k per vector)"),
-], ids=["zmm-1", "zmm-4", "zmm-8", "ymm-1", "ymm-3"])
+    (HASWELL, 2, "last panel 2 of 32 columns, transposed (4 k per vector)"),
+    (HASWELL, 3, "last panel 3 of 32 columns, transposed (8 k of one column per vector)"),
+], ids=["zmm-1", "zmm-4", "zmm-7", "zmm-8", "ymm-1", "ymm-2", "ymm-3"])
 def test_narrow_gemms_run_transposed(target, n, detail):
     model = tvm_hybrid.compile(workloads.gemm(197, n, 333).model, target)
     assert any(detail in d for d in _details(model)), _details(model)
@@ -167,52 +193,59 @@ def _check_against_numpy(m: int, n: int, k: int, target, rng) -> None:
 @pytest.mark.parametrize("m,n,k", [
     (197, 1, 333), (197, 2, 333), (197, 3, 333), (197, 4, 333), (197, 8, 333),
     (64, 1, 3072), (3, 2, 7), (200, 2, 37), (24, 3, 16), (1, 1, 333),
+    (197, 5, 333), (197, 7, 333), (197, 6, 4096), (7, 8, 15), (1, 8, 768),
 ])
 def test_transposed_tails_match_numpy(m, n, k, rng):
     """The host's AVX-512 tiles: whole groups of ``K`` and a rest, none (K = 7 under 8 per
-    vector), 1-row tiles (``M`` prime), several rows a tile."""
+    vector, 15 under 16), 1-row tiles (``M`` prime), several rows a tile; 5-8 columns on
+    the per-column copy."""
     _check_against_numpy(m, n, k, None, rng)
 
 
 @pytest.mark.parametrize("m,n,k", [
     (197, 1, 333), (197, 2, 333), (197, 4, 333), (64, 1, 3072), (3, 2, 7), (1, 1, 333),
-    (7, 1, 1024), (200, 2, 37),
+    (7, 1, 1024), (200, 2, 37), (197, 3, 333), (197, 3, 7), (197, 4, 1000),
 ])
 def test_avx2_transposed_tails_match_numpy(m, n, k, rng):
     """The AVX2 code (runs on any host): 8-lane copies beside 32-column panels, a 4-lane one
-    beside the 8-column panel of a 7x8 tile."""
+    beside the 8-column panel of a 7x8 tile; 3 and 4 columns on the per-column copy."""
     _check_against_numpy(m, n, k, HASWELL, rng)
 
 
 @pytest.mark.requires("avx2", "fma")
+@pytest.mark.parametrize("n", [2, 3], ids=["4k-of-2-columns", "8k-of-one-column"])
 @pytest.mark.parametrize("k,k_block,transposed", [(4096, 256, True), (4096, 64, False),
                                                    (3000, 375, False)])
-def test_k_blocks_run_the_copy_where_they_start_on_its_groups(k, k_block, transposed, rng):
+def test_k_blocks_run_the_copy_where_they_start_on_its_groups(n, k, k_block, transposed, rng):
     """K blocks given as knobs (narrow weights never stream from memory, so the heuristic's
     rule 3 never splits them; a tuner may): blocks of 256 start where the copy's row rotation
-    does (every 128 rows of a 16-column panel with groups of 2 ``k``) and run it; blocks of 64
-    (whole groups, but mid-rotation) and of 375 do not and keep the broadcast update. The
-    packed GEMM as the packing pass emits it, on Haswell code run here, against numpy."""
+    does (on a 16-column panel every 256 rows for 2 columns of 4 ``k`` a vector, every 128 for
+    3 columns of 8 ``k``, one column a vector) and run it; blocks of 64 (whole groups, but
+    mid-rotation) and of 375 do not and keep the broadcast update. The packed GEMM as the
+    packing pass emits it, on Haswell code run here, against numpy."""
     from tvm_hybrid.passes.packed_gemm import packed_gemm
     from tvm_hybrid.schedules import GemmTemplate
     from tvm_hybrid.schedules.gemm.heuristics import GemmKnobs
     from tvm_hybrid.schedules.template import apply_template
 
     tile = microkernel_by_name("hybrid_gemm_avx2_float32_4x16")
-    m, n = 24, 3
+    m = 24
     w = rng.standard_normal((k, n)).astype("float32")
-    width, run = transposed_layout(tile.lanes, 16, n)
-    packed = write_transposed_copy(pack_weight(w, 16), w, width, run)
+    width, run, per_column = transposed_layout(tile.lanes, 16, n)
+    assert per_column == (n == 3)
+    assert copy_period(run, 16, 4 if per_column else 1) == (128 if per_column else 256)
+    packed = write_transposed_copy(pack_weight(w, 16), w, width, run, per_column)
     x_t = te.placeholder((m, k), name="x")
     packed_t = te.placeholder(packed.shape, name="packed")
-    func = te.create_prim_func([x_t, packed_t, packed_gemm(x_t, packed_t, n, "float32",
-                                                           "float32", transposed_run=run)])
+    func = te.create_prim_func([x_t, packed_t, packed_gemm(
+        x_t, packed_t, n, "float32", "float32", transposed_run=run, per_column=per_column)])
     target = tvm_hybrid.make_target(HASWELL)
     sch, _ = apply_template(GemmTemplate(), func, target,
                             knobs=[GemmKnobs(tile, 3, 1, "nm", k_block)])
     script = sch.mod.script()
     assert f"K blocks of {k_block}" in script
-    assert ("transposed (2 k per vector)" in script) == transposed, script[-2000:]
+    copy = f"transposed ({run} k{' of one column' if per_column else ''} per vector)"
+    assert (copy in script) == transposed, script[-2000:]
     lib = tvm.compile(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}),
                       target=target)
     x = rng.standard_normal((m, k)).astype("float32")
@@ -221,10 +254,12 @@ def test_k_blocks_run_the_copy_where_they_start_on_its_groups(k, k_block, transp
     assert_close(out.numpy(), x.astype("float64") @ w, 1e-5)
 
 
-def test_a_non_finite_row_stays_in_its_row(rng):
-    """Each row's partial sums and halving steps stay within the row: an infinity or NaN in
-    one row of ``x`` reaches that row's output only."""
-    wl = workloads.gemm(197, 3, 333)
+@pytest.mark.parametrize("n", [3, pytest.param(7, marks=pytest.mark.requires("avx512f"))])
+def test_a_non_finite_row_stays_in_its_row(n, rng):
+    """Each row's partial sums and halving steps (a per-column copy's shuffle tree too: 7
+    columns with AVX-512) stay within the row: an infinity or NaN in one row of ``x`` reaches
+    that row's output only."""
+    wl = workloads.gemm(197, n, 333)
     model = tvm_hybrid.compile(wl.model)
     assert any("transposed" in d for d in _details(model)), _details(model)
     x = wl.inputs["a"].copy()
@@ -269,15 +304,22 @@ def test_transposed_intrinsic_names_round_trip():
     with pytest.raises(ValueError, match="no transposed tail"):
         tensor_intrin(ZMM_11x32, 333, tail=Tail(31968, 9, 2))  # 32 lanes: wider than a zmm
     assert not ensure_tensor_intrin("hybrid_gemm_avx2_float32_4x24_k333_t1at31968d16")
+    # a per-column copy: its own name; on a tile whose rows x columns overflow the registers
+    # (11 x 8 accumulators) refused
+    name = tensor_intrin(ZMM_1x32, 333, tail=Tail(0, 8, 16, per_column=True))
+    assert name == "hybrid_gemm_avx512_float32_1x32_k333_t8at0d16c"
+    assert ensure_tensor_intrin(name)
+    assert not ensure_tensor_intrin("hybrid_gemm_avx512_float32_11x32_k333_t8at0d16c")
 
 
-@pytest.mark.parametrize("m,n,k", [(1, 1000, 4096), (197, 97, 333), (3, 40, 1000)])
+@pytest.mark.parametrize("m,n,k", [(1, 1000, 4096), (197, 97, 333), (3, 40, 1000),
+                                   (197, 7, 333), (197, 3, 333)])
 def test_equal_weight_columns_give_equal_output_columns(m, n, k, rng):
     """Every output column is summed in the same order, the tail's (and a 1-row tile's
-    partial sums) as the full panels': columns of equal weights give bit-equal outputs. (The
-    light AlexNet and ZFNet of onnx's backend data have 1000 classifier logits of 7.9e11 equal
-    to rounding; summed in two orders they differed by 7e6, and the softmax put 0 on the last
-    panel's 8 classes.)"""
+    partial sums, a copy's shuffle tree) as the full panels': columns of equal weights give
+    bit-equal outputs. (The light AlexNet and ZFNet of onnx's backend data have 1000
+    classifier logits of 7.9e11 equal to rounding; summed in two orders they differed by 7e6,
+    and the softmax put 0 on the last panel's 8 classes.)"""
     w = np.repeat(rng.standard_normal((k, 1)).astype("float32"), n, axis=1)
     proto = workloads.gemm(m, n, k).model
     proto.graph.initializer[0].CopyFrom(numpy_helper.from_array(w, proto.graph.initializer[0].name))

@@ -148,11 +148,14 @@ def tensor_intrin(kernel: Microkernel, k: int, block: tuple[int, int] | None = N
 def transposed_fits(kernel: Microkernel, tail: Tail) -> bool:
     """Whether ``kernel`` runs ``tail``'s transposed copy (``transposed_tail.py``): an fp32
     vector tile of the plain family whose vectors are as wide as the copy's, which lies beside
-    the used columns of its panel."""
-    width = spread_of(tail.columns) * tail.run
+    the used columns of its panel (a per-column copy: a column per row of each group of
+    ``run`` rows, and an accumulator per row and column in the registers)."""
+    width = tail.run if tail.per_column else spread_of(tail.columns) * tail.run
     return (not kernel.per_block and kernel.in_dtype == "float32"
             and family_of(kernel).tile_functions is plain_tile_functions
             and tail.run >= 2 and 4 <= width <= kernel.lanes
+            and (not tail.per_column or 1 < tail.columns <= tail.run
+                 and kernel.mr * tail.columns + 2 <= kernel.num_registers)
             and width <= kernel.panel_width - tail.columns)
 
 
@@ -185,7 +188,7 @@ def _register(kernel: Microkernel, k: int, block: tuple[int, int] | None,
 
 
 #: What names one of our intrinsics: kernel, block, ``K`` and tail (:func:`tensor_intrin`).
-INTRIN_NAME = r"(hybrid_gemm_\w+?)(?:_b(\d+)x(\d+))?_k(\d+)(?:_t(\d+)at(\d+)(?:d(\d+))?)?"
+INTRIN_NAME = r"(hybrid_gemm_\w+?)(?:_b(\d+)x(\d+))?_k(\d+)(?:_t(\d+)at(\d+)(?:d(\d+)(c?))?)?"
 
 
 def ensure_tensor_intrin(intrin_name: str) -> bool:
@@ -209,8 +212,8 @@ def ensure_tensor_intrin(intrin_name: str) -> bool:
     block = (int(found.group(2)), int(found.group(3))) if found.group(2) else None
     if kernel.per_block != (block is not None):
         return False
-    tail = Tail(int(found.group(6)), int(found.group(5)), int(found.group(7) or 0)) \
-        if found.group(5) else None
+    tail = Tail(int(found.group(6)), int(found.group(5)), int(found.group(7) or 0),
+                bool(found.group(8))) if found.group(5) else None
     if tail is not None and (not supports_tail(kernel) or not 0 < tail.columns < kernel.nr
                              or tail.run and not transposed_fits(kernel, tail)):
         return False

@@ -43,11 +43,14 @@ class Tail:
     #: ``k`` per vector of the transposed copy of the used columns the panel holds
     #: (``transposed_tail.py``); 0: none, the broadcast update of the used columns.
     run: int = 0
+    #: Whether that copy holds one column per vector (else ``run`` ``k`` of every column).
+    per_column: bool = False
 
     @property
     def key(self) -> str:
         """The intrinsic name's suffix."""
-        return f"_t{self.columns}at{self.offset}" + (f"d{self.run}" if self.run else "")
+        copy = f"d{self.run}" + ("c" if self.per_column else "") if self.run else ""
+        return f"_t{self.columns}at{self.offset}{copy}"
 
 
 def _branch(tail: Tail | None, full, partial):
@@ -225,7 +228,7 @@ def plain_tile_functions(kernel: Microkernel, kc: int, tail: Tail | None = None)
     if tail is None:
         partial = None
     elif tail.run:
-        partial = transposed_dot(kernel, kc, tail.columns, tail.run)
+        partial = transposed_dot(kernel, kc, tail.columns, tail.run, tail.per_column)
     else:  # as many partial sums as the full panels: every column summed in the same order
         partial = broadcast_fma(kernel, kc, tail.columns, sets=split_sets(kernel, kc))
     impl = _branch(tail, broadcast_fma(kernel, kc, sets=split_sets(kernel, kc)), partial)

@@ -30,9 +30,28 @@ whose 1000 logits are equal to rounding, then lost 8 classes to the softmax). Th
 annotation (:data:`TRANSPOSED_TAIL`) says there is a copy; the template takes it when its tile
 has the vector width, and each call's ``K`` is the whole ``K`` or a multiple of the rotation's
 period (:func:`copy_period`: K blocks start where the rotation does).
+
+Where that copy would hold only 2 ``k`` per column (5-8 columns on zmm, 3-4 on ymm), it holds one
+column per vector instead (``per_column``), where the tile expected to run it keeps an accumulator
+per row and column in registers: ``width`` consecutive ``k`` of column ``c`` in row ``c`` of the
+group's ``width`` rows (rotated as above, by the columns rounded up to a power of two), each row of
+``A`` loaded as a plain vector of ``width`` ``k`` and multiplied with each column's vector into that
+column's accumulator; at the end a shuffle tree sums the columns' lanes pairwise (two vectors of
+``m`` columns into one of ``2 m``, then halving steps) into the tile's first ``spread``
+accumulators. A vector of ``A`` then serves every column (one load per FMA and a column instead of a
+broadcast and a load per FMA). Same process on a 2-core Zen 4, the GEMM alone (the VM's C++ timer),
+11 rounds, against the 2-``k`` copy: 197x8x333 1.22-1.24x, 197x7x333 1.24-1.35x, 197x6x333
+1.47-1.51x, 197x5x333 1.60-1.66x, 197x6x4096 1.27x (zmm); the AVX2 code 197x4x333 1.24-1.27x,
+197x3x333 1.35-1.37x, 389x3x768 1.25x; 197x8x768, 389x8x768, 1x8x768, 197x4x768 and 197x4x4096
+0.99-1.01x (their copy outgrows the L1 sets it maps to and is read from L2 for every row either
+way). As standalone kernels, 4 ``k`` of each column or more measured as fast as one column per
+vector or faster (4 columns on zmm 7 against 7.9 us, 2 on ymm 5 against 6 us), so those keep the
+interleaved copy.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from tvm.script import tirx as T
@@ -41,11 +60,16 @@ from .kernel import Microkernel
 
 #: The packed GEMM block's annotation: ``run`` of the copy in its last panel (0 or absent: none).
 TRANSPOSED_TAIL = "hybrid.transposed_tail"
+#: ...and, set to 1, that the copy holds one column per vector (``per_column``).
+TRANSPOSED_PER_COLUMN = "hybrid.transposed_per_column"
 #: Independent accumulators a tile keeps at least (FMA latency x pipes): a 1-row tile (M
 #: prime) sums each row in that many interleaved partial sums.
 MIN_CHAINS = 8
 #: The narrowest vector of a copy (xmm).
 _MIN_WIDTH = 4
+#: An interleaved copy of this many ``k`` per column or fewer holds one column per vector
+#: instead (module docstring).
+PER_COLUMN_RUN = 2
 #: Bytes of one way of an L1 data cache (its sets times its lines: 64 x 64 B on every x86 core
 #: this targets): addresses this far apart share a set.
 _L1_WAY_BYTES = 4096
@@ -61,21 +85,27 @@ def _rotation_rows(run: int, panel: int) -> int:
     return rows if rows and rows % run == 0 else 0
 
 
-def copy_period(run: int, panel: int) -> int:
-    """Rows after which :func:`copy_row`'s rotation repeats: a call of the tail must start
-    ``K`` on a multiple of it to find its groups where the packing put them."""
-    return run * (_rotation_rows(run, panel) or 1)
-
-
-def copy_row(group, run: int, panel: int):
-    """The row of the panel holding the copy's vector of ``group`` (an int or a TIR index):
-    the group's first row, moved down by one row (within the group's ``run`` rows) for every
-    L1 way the rows before it span. At ``group * run`` alone, a copy of 2 ``k`` per vector on
-    a 32-column panel would sit every 256 bytes, in a quarter of the L1's sets, whose 8 ways
-    then hold 128 of its vectors (``K`` = 256); rotated, its vectors spread over the half of
-    the sets that a panel's second line of each row maps to."""
+def copy_period(run: int, panel: int, step: int = 1) -> int:
+    """Rows after which :func:`copy_row`'s rotation (by ``step`` rows) repeats: a call of the
+    tail must start ``K`` on a multiple of it to find its groups where the packing put them."""
     rows = _rotation_rows(run, panel)
-    return group * run + (group * run // rows) % run if rows else group * run
+    return rows * run // math.gcd(step, run) if rows else run
+
+
+def copy_row(group, run: int, panel: int, column=0, step: int = 1):
+    """The row of the panel holding the copy's vector ``column`` (a per-column copy's column,
+    else 0) of ``group`` (an int or a TIR index): row ``column`` of the group's ``run`` rows,
+    moved down by ``step`` rows (within the group; a per-column copy's columns rounded up to a
+    power of two, else 1) for every L1 way the rows before it span. At ``group * run`` alone,
+    a copy of 2 ``k`` per vector on a 32-column panel would sit every 256 bytes, in a quarter
+    of the L1's sets, whose 8 ways then hold 128 of its vectors (``K`` = 256); rotated, its
+    vectors spread over the half of the sets that a panel's second line of each row maps to.
+    (With a power-of-two ``step`` a group's rows are its first plus constants; a step of 3
+    rows cost integer arithmetic at every FMA.)"""
+    rows = _rotation_rows(run, panel)
+    if not rows:
+        return group * run + column
+    return group * run + (column + (group * run // rows) * step) % run
 
 
 def spread_of(columns: int) -> int:
@@ -83,29 +113,42 @@ def spread_of(columns: int) -> int:
     return 1 << (columns - 1).bit_length()
 
 
-def transposed_layout(lanes: int, panel: int, columns: int) -> tuple[int, int] | None:
-    """``(width, run)`` of the copy of a last panel keeping ``columns`` of ``panel`` on
-    vectors of ``lanes``: the widest vector (at most ``lanes``) that fits beside the used
-    columns, holding at least two ``k`` per column; None when none does (then the broadcast
-    update is as good: ``run`` 1)."""
+def transposed_layout(lanes: int, panel: int, columns: int, rows: int = 1,
+                      registers: int = 32) -> tuple[int, int, bool] | None:
+    """``(width, run, per_column)`` of the copy of a last panel keeping ``columns`` of
+    ``panel`` on vectors of ``lanes``: the widest vector (at most ``lanes``) that fits beside
+    the used columns, holding at least two ``k`` per column; where that would be
+    :data:`PER_COLUMN_RUN` ``k`` or fewer, ``width`` ``k`` of one column per vector
+    (``per_column``, ``run`` = ``width``) if the tile expected to run it (``rows`` rows, a
+    register file of ``registers`` vectors) holds an accumulator per row and column. None when
+    no vector fits (then the broadcast update is as good: ``run`` 1)."""
     spread = spread_of(columns)
     width = lanes
     while width > panel - columns:
         width //= 2
     if width < max(_MIN_WIDTH, 2 * spread):
         return None
-    return width, width // spread
+    run = width // spread
+    if run <= PER_COLUMN_RUN and columns > 1 and rows * columns + 2 <= registers:
+        return width, width, True
+    return width, run, False
 
 
 def write_transposed_copy(packed: np.ndarray, weight: np.ndarray, width: int,
-                          run: int) -> np.ndarray:
+                          run: int, per_column: bool = False) -> np.ndarray:
     """Write the copy (module docstring) of the last panel's used columns into ``packed``
     (``[panels, K, panel]`` of the fp32 ``weight[K, N]``) in place, and return it."""
     k, n = weight.shape
     panels, _, panel = packed.shape
     columns = n - (panels - 1) * panel
-    spread, groups = width // run, k // run
+    groups = k // run
     used = weight[: groups * run, n - columns:].reshape(groups, run, columns)
+    if per_column:
+        group = np.arange(groups)[:, None]
+        rows = copy_row(group, run, panel, np.arange(columns)[None, :], spread_of(columns))
+        packed[-1, rows, panel - width:] = used.transpose(0, 2, 1)
+        return packed
+    spread = width // run
     copy = np.zeros((groups, spread, run), packed.dtype)
     copy[:, :columns] = used.transpose(0, 2, 1)
     rows = copy_row(np.arange(groups), run, panel)
@@ -121,21 +164,29 @@ def accumulator_sets(kernel: Microkernel, groups: int) -> int:
     return max(1, min(want, fit, groups))
 
 
-def transposed_dot(kernel: Microkernel, kc: int, columns: int, run: int):
+def transposed_dot(kernel: Microkernel, kc: int, columns: int, run: int,
+                   per_column: bool = False):
     """The tail's body (a ``T.macro`` over ``A[mr, kc]``, ``B[kc, panel]`` and ``C[mr, nr]``):
     the copy's dot products over the whole groups of ``kc``, reduced into ``C[:, :spread]``,
-    then the broadcast update of the used columns for the ``kc % run`` last ``k``."""
+    then the broadcast update of the used columns for the ``kc % run`` last ``k``. With
+    ``per_column`` the copy holds ``run`` ``k`` of one column per vector (module docstring)."""
     mr, panel = kernel.mr, kernel.panel_width
     spread = spread_of(columns)
-    width = spread * run
+    width = run if per_column else spread * run
+    vectors = columns if per_column else 1  # accumulators per row and set
     groups, rest = divmod(kc, run)
-    sets = accumulator_sets(kernel, groups)
+    # A per-column copy: one sum per column (its columns are the independent FMAs; with two
+    # partial sums each, LLVM unrolled the K loop of 5-7 columns fully and hoisted the
+    # copy's vectors out of the row loop into stack slots: 0.85-1.0x); else partial sums, a
+    # group of K for each in turn.
+    sets = 1 if per_column else accumulator_sets(kernel, groups)
     loops, leftover = divmod(groups, sets)
     start = panel - width
 
     def a_operand(A, i, k0):
         piece = A[i, T.ramp(k0, 1, run)]
-        return piece if spread == 1 else T.Shuffle([piece] * spread, list(range(width)))
+        return piece if spread == 1 or per_column else \
+            T.Shuffle([piece] * spread, list(range(width)))
 
     def halve(value, n):  # [spread, n] lanes -> [spread, n / 2], each pair of halves summed
         half = n // 2
@@ -143,18 +194,45 @@ def transposed_dot(kernel: Microkernel, kc: int, columns: int, run: int):
         high = [c * n + half + j for c in range(spread) for j in range(half)]
         return T.Shuffle([value], low) + T.Shuffle([value], high)
 
+    def merge(a, b, m, n):  # two vectors of [m, n] lanes -> one of [2 m, n / 2]
+        half = n // 2
+        low = [v * width + c * n + j for v in (0, 1) for c in range(m) for j in range(half)]
+        high = [v * width + c * n + half + j for v in (0, 1) for c in range(m)
+                for j in range(half)]
+        return T.Shuffle([a, b], low) + T.Shuffle([a, b], high)
+
     @T.macro
     def update(A, B, acc, group, u):
         for i in T.unroll(mr):
-            acc[i * sets + u, T.ramp(0, 1, width)] = acc[i * sets + u, T.ramp(0, 1, width)] + \
-                a_operand(A, i, group * run) * B[copy_row(group, run, panel),
-                                                 T.ramp(start, 1, width)]
+            if per_column:
+                for c in T.unroll(columns):
+                    acc[i * columns + c, T.ramp(0, 1, width)] = acc[
+                        i * columns + c, T.ramp(0, 1, width)] + A[
+                        i, T.ramp(group * run, 1, run)] * B[
+                        copy_row(group, run, panel, c, spread), T.ramp(start, 1, width)]
+            else:
+                acc[i * sets + u, T.ramp(0, 1, width)] = acc[
+                    i * sets + u, T.ramp(0, 1, width)] + a_operand(A, i, group * run) * B[
+                    copy_row(group, run, panel), T.ramp(start, 1, width)]
+
+    def summed(acc, i, c):  # row i's accumulator of vector c over its partial sums
+        value = acc[i * sets * vectors + c, T.ramp(0, 1, width)]
+        for u in range(1, sets):
+            value = value + acc[(i * sets + u) * vectors + c, T.ramp(0, 1, width)]
+        return value
 
     def reduced(acc, i):
-        value = acc[i * sets, T.ramp(0, 1, width)]
-        for u in range(1, sets):
-            value = value + acc[i * sets + u, T.ramp(0, 1, width)]
-        n = run
+        if per_column:  # the columns' vectors (zeros up to spread) merged pairwise
+            values = [summed(acc, i, c) for c in range(columns)]
+            values += [T.broadcast(T.float32(0), width)] * (spread - columns)
+            m, n = 1, width
+            while len(values) > 1:
+                values = [merge(values[2 * j], values[2 * j + 1], m, n)
+                          for j in range(len(values) // 2)]
+                m, n = 2 * m, n // 2
+            value = values[0]
+        else:
+            value, n = summed(acc, i, 0), run
         while n > 1:
             value = halve(value, n)
             n //= 2
@@ -162,8 +240,8 @@ def transposed_dot(kernel: Microkernel, kc: int, columns: int, run: int):
 
     @T.macro
     def body(A, B, C):
-        acc = T.alloc_buffer((mr * sets, width), "float32")
-        for z in T.unroll(mr * sets):
+        acc = T.alloc_buffer((mr * sets * vectors, width), "float32")
+        for z in T.unroll(mr * sets * vectors):
             acc[z, T.ramp(0, 1, width)] = T.broadcast(T.float32(0), width)
         for t in T.serial(loops):
             for u in T.unroll(sets):

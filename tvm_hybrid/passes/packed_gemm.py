@@ -27,11 +27,12 @@ from tvm.target import Target
 
 from ..microkernels import best_vector_family
 from ..microkernels.transposed_tail import (
+    TRANSPOSED_PER_COLUMN,
     TRANSPOSED_TAIL,
     transposed_layout,
     write_transposed_copy,
 )
-from ..schedules.gemm.heuristics import GemmShape, padded_rows, weight_layout
+from ..schedules.gemm.heuristics import GemmShape, packing_kernel, padded_rows
 
 #: Part of every packed GEMM's kernel name (the fusion patterns' anchor).
 PACKED_GEMM = "packed_matmul"
@@ -61,14 +62,15 @@ def pack_weight(weight: np.ndarray, panel: int, group: int = 1, dtype=None) -> n
 def packed_gemm(x: te.Tensor, packed: te.Tensor, n: int, acc_dtype: str, out_dtype: str,
                 compensation: te.Tensor | None = None,
                 zero_point: te.Tensor | None = None, out_rows: int | None = None,
-                transposed_run: int = 0) -> te.Tensor:
+                transposed_run: int = 0, per_column: bool = False) -> te.Tensor:
     """``x[..., M, K] @ W`` with ``W`` packed (module docstring); the output has ``n`` columns
     (and its first ``out_rows`` rows when ``x``'s ``M`` was padded: ``padded_rows``).
 
     ``compensation[N]`` (integer GEMMs) is subtracted, times the 0-d ``zero_point`` when one
     is given (a zero point known only at run time). ``transposed_run``: the last panel holds
     a transposed copy of its used columns with that many ``k`` per vector
-    (``microkernels/transposed_tail.py``), which the GEMM block's annotation says.
+    (``microkernels/transposed_tail.py``), which the GEMM block's annotation says;
+    ``per_column``: one column per vector.
     """
     grouped = len(packed.shape) == 4
     panels, rows, panel = (int(d) for d in packed.shape[:3])
@@ -86,7 +88,8 @@ def packed_gemm(x: te.Tensor, packed: te.Tensor, n: int, acc_dtype: str, out_dty
         lambda *idx: te.sum(x[(*idx[:-1], k)].astype(acc_dtype)
                             * weight(idx[-1], k).astype(acc_dtype), axis=k),
         name=PACKED_GEMM,
-        attrs={TRANSPOSED_TAIL: transposed_run} if transposed_run else None,
+        attrs=({TRANSPOSED_TAIL: transposed_run, TRANSPOSED_PER_COLUMN: int(per_column)}
+               if transposed_run else None),
     )
     out = (*batch[:-1], batch[-1] if out_rows is None else out_rows, n)
     if compensation is None:
@@ -100,18 +103,20 @@ def packed_gemm(x: te.Tensor, packed: te.Tensor, n: int, acc_dtype: str, out_dty
                       name="compensate")
 
 
-def transposed_copy(target: Target, in_dtype: str, packed: np.ndarray,
-                    n: int) -> tuple[int, int] | None:
-    """``(width, run)`` of the transposed copy of the one panel's used columns to write into
-    fp32 ``packed`` weights of ``n`` columns (``microkernels/transposed_tail.py``), on the
-    vectors of ``target``'s fp32 tiles; None when the panel is full, has no room, or is not the
-    only one (the copy sums in another order than the full panels' broadcast update, and a
-    model whose columns are equal must give equal columns)."""
+def transposed_copy(target: Target, in_dtype: str, packed: np.ndarray, n: int,
+                    rows: int = 1) -> tuple[int, int, bool] | None:
+    """``(width, run, per_column)`` of the transposed copy of the one panel's used columns to
+    write into fp32 ``packed`` weights of ``n`` columns (``microkernels/transposed_tail.py``),
+    on the vectors of ``target``'s fp32 tiles; None when the panel is full, has no room, or is
+    not the only one (the copy sums in another order than the full panels' broadcast update,
+    and a model whose columns are equal must give equal columns). ``rows``: of the tile
+    expected to run it (a per-column copy needs an accumulator per row and column)."""
     family = best_vector_family(target, in_dtype)
     if in_dtype != "float32" or packed.ndim != 3 or family is None or packed.shape[0] != 1 \
             or n >= packed.shape[2]:
         return None
-    return transposed_layout(family.first.lanes, packed.shape[2], n)
+    return transposed_layout(family.first.lanes, packed.shape[2], n, rows,
+                             family.first.num_registers)
 
 
 def emit_packed_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
@@ -149,20 +154,21 @@ def emit_packed_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
     *batch, m = (int(d) for d in x.ty.shape.values[:-1])
     extra_rows = padded_rows(target, in_dtype, GemmShape(math.prod(batch), m, n, k)) \
         if pad_rows or row_padder else 0
-    layout = weight_layout(target, in_dtype, m + extra_rows, n, k)
-    if layout is not None and row_padder is not None and extra_rows and -k % layout[1]:
+    kernel = packing_kernel(target, in_dtype, m + extra_rows, n, k)
+    if kernel is not None and row_padder is not None and extra_rows \
+            and -k % kernel.weight_layout[1]:
         # K needs a padding op too, which would follow the padder's kernel: keep the rows
-        extra_rows, layout = 0, weight_layout(target, in_dtype, m, n, k)
-    if layout is None:
+        extra_rows, kernel = 0, packing_kernel(target, in_dtype, m, n, k)
+    if kernel is None:
         return None
-    panel, group = layout
+    panel, group = kernel.weight_layout
     pad = -k % group  # zero columns of x times zero rows of W add nothing
     if row_padder is not None and extra_rows:
         x = row_padder(extra_rows)
     elif pad or extra_rows:  # zero rows of x give rows the kernel slices off
         x = builder.emit(relax.op.nn.pad(x, [0, 0] * (x.ty.ndim - 2) + [0, extra_rows, 0, pad]))
     packed = pack_weight(weight, panel, group, weight_dtype)
-    copy = transposed_copy(target, in_dtype, packed, n)
+    copy = transposed_copy(target, in_dtype, packed, n, kernel.mr)
     if copy is not None:
         write_transposed_copy(packed, weight, *copy)
     packed = relax.const(packed)
@@ -175,6 +181,7 @@ def emit_packed_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
         zp = rest[1] if len(rest) > 1 else None
         return packed_gemm(x, packed, n, acc_dtype, out_dtype, comp, zp,
                            out_rows=m if extra_rows else None,
-                           transposed_run=copy[1] if copy else 0)
+                           transposed_run=copy[1] if copy else 0,
+                           per_column=bool(copy and copy[2]))
 
     return builder.call_te(compute, x, packed, *extra, primfunc_name_hint=KERNEL_NAMES[in_dtype])

@@ -24,7 +24,7 @@ import tvm.ir.prim.expr as prim
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from ...microkernels.transposed_tail import TRANSPOSED_TAIL
+from ...microkernels.transposed_tail import TRANSPOSED_PER_COLUMN, TRANSPOSED_TAIL
 from .heuristics import GemmShape
 
 
@@ -42,6 +42,8 @@ class GemmBlock:
     #: ``k`` per vector of the transposed copy of the used columns the last panel holds
     #: (``microkernels/transposed_tail.py``, from the block's annotation); 0: none.
     transposed_run: int = 0
+    #: Whether that copy holds one column per vector (the block's annotation).
+    transposed_per_column: bool = False
 
 
 def match_gemm(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> GemmBlock | None:
@@ -117,7 +119,9 @@ def match_gemm(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> GemmBlock
         return None
     columns = used_columns(sch, block, n) if packed_nr is not None else None
     run = int(stmt.annotations.get(TRANSPOSED_TAIL, 0)) if columns is not None else 0
-    return GemmBlock(block, GemmShape(batch, m, n, k_len), packed_nr, "float32", columns, run)
+    per_column = bool(run) and bool(int(stmt.annotations.get(TRANSPOSED_PER_COLUMN, 0)))
+    return GemmBlock(block, GemmShape(batch, m, n, k_len), packed_nr, "float32", columns, run,
+                     per_column)
 
 
 def used_columns(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, n: int) -> int | None:

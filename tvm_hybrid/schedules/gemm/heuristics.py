@@ -369,8 +369,16 @@ def weight_layout(target: Target, in_dtype: str, m: int, n: int, k: int
     kernel: the layout of the best kernel :func:`select` offers with ``N`` and ``K`` padded by
     the packing (AMX's 16-column panels when the target has it and the shape is a whole number
     of AMX tiles, else the best vector tile whose ``mr`` divides ``m``)."""
+    kernel = packing_kernel(target, in_dtype, m, n, k)
+    return kernel.weight_layout if kernel else None
+
+
+def packing_kernel(target: Target, in_dtype: str, m: int, n: int, k: int
+                   ) -> Microkernel | None:
+    """The kernel whose layout :func:`weight_layout` packs ``B`` in (the tile expected to
+    run), or None."""
     kernels = select(target, in_dtype, GemmShape(1, m, n, k), packing=True)
-    return kernels[0].weight_layout if kernels else None
+    return kernels[0] if kernels else None
 
 
 def panel_width(target: Target, in_dtype: str, m: int, n: int, k: int) -> int | None:

@@ -52,7 +52,7 @@ from ...host import cache_sizes, target_features
 from ...microkernels import Microkernel, has_gemm_kernels, microkernel_by_name, tensor_intrin
 from ...microkernels.registry import supports_tail, transposed_fits
 from ...microkernels.tiles import Tail
-from ...microkernels.transposed_tail import copy_period
+from ...microkernels.transposed_tail import copy_period, spread_of
 from ..accumulate import (
     accumulate_in_tile,
     attach_accumulator,
@@ -250,7 +250,9 @@ def tensorize_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
     blocked = f", K blocks of {knobs.k_block}" if knobs.k_block else ""
     if tail is not None:
         blocked += f", last panel {tail.columns} of {kernel.nr} columns"
-        blocked += f", transposed ({tail.run} k per vector)" if tail.run else ""
+        if tail.run:
+            per = " of one column" if tail.per_column else ""
+            blocked += f", transposed ({tail.run} k{per} per vector)"
     # Visible in the scheduled TIR (CompiledModel.lowered), for users and tests. The block
     # sizes are left out: they are decisions a tuner may change after this string is written
     # (they show as the loop extents).
@@ -276,9 +278,10 @@ def gemm_tail(gemm: GemmBlock, kernel: Microkernel, k_block: int = 0) -> Tail | 
     if not 0 < used < panel:
         return None
     tail = Tail((gemm.shape.n // panel - 1) * gemm.shape.k * panel, used)
-    run = gemm.transposed_run
-    if run and (not k_block or k_block % copy_period(run, panel) == 0):
-        transposed = dataclasses.replace(tail, run=run)
+    run, per_column = gemm.transposed_run, gemm.transposed_per_column
+    period = copy_period(run, panel, spread_of(used) if per_column else 1) if run else 0
+    if run and (not k_block or k_block % period == 0):
+        transposed = dataclasses.replace(tail, run=run, per_column=per_column)
         if transposed_fits(kernel, transposed):
             return transposed
     return tail
