@@ -167,8 +167,8 @@ def accumulator_sets(kernel: Microkernel, groups: int) -> int:
 def transposed_dot(kernel: Microkernel, kc: int, columns: int, run: int,
                    per_column: bool = False):
     """The tail's body (a ``T.macro`` over ``A[mr, kc]``, ``B[kc, panel]`` and ``C[mr, nr]``):
-    the copy's dot products over the whole groups of ``kc``, reduced into ``C[:, :spread]``,
-    then the broadcast update of the used columns for the ``kc % run`` last ``k``. With
+    the broadcast update of the used columns for the ``kc % run`` last ``k``, then the copy's
+    dot products over the whole groups of ``kc``, reduced into ``C[:, :spread]``. With
     ``per_column`` the copy holds ``run`` ``k`` of one column per vector (module docstring)."""
     mr, panel = kernel.mr, kernel.panel_width
     spread = spread_of(columns)
@@ -239,10 +239,24 @@ def transposed_dot(kernel: Microkernel, kc: int, columns: int, run: int,
         return value
 
     @T.macro
+    def rest_update(A, B, C):
+        for kk in T.unroll(rest):
+            for i in T.unroll(mr):
+                if spread == 1:
+                    C[i, 0] = C[i, 0] + A[i, groups * run + kk] * B[groups * run + kk, 0]
+                else:
+                    C[i, T.ramp(0, 1, spread)] = C[i, T.ramp(0, 1, spread)] + T.broadcast(
+                        A[i, groups * run + kk], spread) * B[groups * run + kk,
+                                                              T.ramp(0, 1, spread)]
+
+    @T.macro
     def body(A, B, C):
         acc = T.alloc_buffer((mr * sets * vectors, width), "float32")
         for z in T.unroll(mr * sets * vectors):
             acc[z, T.ramp(0, 1, width)] = T.broadcast(T.float32(0), width)
+        # The last ``kc % run`` k first: their FMAs (one chain per row) then overlap the
+        # groups' instead of waiting for the lanes' sum (197x1x333 1.10x, 197x5x333 1.05x).
+        rest_update(A, B, C)
         for t in T.serial(loops):
             for u in T.unroll(sets):
                 update(A, B, acc, t * sets + u, u)
@@ -253,13 +267,5 @@ def transposed_dot(kernel: Microkernel, kc: int, columns: int, run: int,
                 C[i, 0] = C[i, 0] + reduced(acc, i)
             else:
                 C[i, T.ramp(0, 1, spread)] = C[i, T.ramp(0, 1, spread)] + reduced(acc, i)
-        for kk in T.unroll(rest):
-            for i in T.unroll(mr):
-                if spread == 1:
-                    C[i, 0] = C[i, 0] + A[i, groups * run + kk] * B[groups * run + kk, 0]
-                else:
-                    C[i, T.ramp(0, 1, spread)] = C[i, T.ramp(0, 1, spread)] + T.broadcast(
-                        A[i, groups * run + kk], spread) * B[groups * run + kk,
-                                                              T.ramp(0, 1, spread)]
 
     return body
