@@ -130,10 +130,11 @@ def gemm(A: T.Buffer((8, 4), "float32"), B: T.Buffer((4, 24), "float32"), C: T.B
 # from tvm.tirx.layout import Axis
 
 
+# The accumulator tile (4x24, 384 bytes) is a "global" buffer: TVM puts it on the stack.
 @T.prim_func(s_tir=True)
 def gemm_scheduled(A: T.Buffer((8, 4), "float32"), B: T.Buffer((4, 24), "float32"), C: T.Buffer((8, 24), "float32")):
     T.func_attr({"tirx.noalias": True})
-    C_local = T.sblock_alloc_buffer((8, 24), scope="local")
+    C_local = T.sblock_alloc_buffer((8, 24))
     for i_0_0_j_0_0_fused in T.parallel(2):
         for j_0_1 in range(1):
             for i_0_1 in T.serial(1, annotations={"hybrid.gemm_template": "avx2 4x24 microkernel, order nm, K=4"}):
@@ -153,7 +154,7 @@ def gemm_scheduled(A: T.Buffer((8, 4), "float32"), B: T.Buffer((4, 24), "float32
                     T.writes(C_local[v_i_o * 4:v_i_o * 4 + 4, 0:24])
                     A_1 = T.match_buffer(A[v_i_o * 4:v_i_o * 4 + 4, 0:4], (4, 4), strides=("lda", 1), offset_factor=1)
                     B_1 = T.match_buffer(B[0:4, 0:24], (4, 24), strides=("ldb", 1), offset_factor=1)
-                    C_1 = T.match_buffer(C_local[v_i_o * 4:v_i_o * 4 + 4, 0:24], (4, 24), strides=("ldc", 1), scope="local", offset_factor=1)
+                    C_1 = T.match_buffer(C_local[v_i_o * 4:v_i_o * 4 + 4, 0:24], (4, 24), strides=("ldc", 1), offset_factor=1)
                     for kk in range(4):
                         for i in T.unroll(4):
                             for v in T.unroll(3):

@@ -34,7 +34,10 @@ The model, in the spirit of the oneDNN Graph Compiler's:
    ``(mb * mr + nr) * K * 4 <= L2 / 2``, so ``A`` is read from L2, not memory, for every
    ``N`` tile. A per-block (AMX) kernel's block accumulates in
    memory, so its accumulators are also kept to an eighth of L2
-   (:data:`_BLOCK_ACCUMULATOR_L2_SHARE`).
+   (:data:`_BLOCK_ACCUMULATOR_L2_SHARE`). Where ``B`` fits half of L2 (its re-reads hit the
+   cache) and blocks are cheap (an accumulator on the stack), blocks that keep 90% of the
+   threads busy come first, then the cost (:func:`_busy_threads_first`): 197 one-row tiles
+   of a narrow ``N``, a prime, would otherwise make one block on one core.
 3. **K blocks.** Where that constraint leaves one row tile per block (``K`` large) although
    ``M`` has several, every row tile reads all of ``B``: ``M / mr`` passes over the weights,
    the first from memory at the pace of one row tile's FMAs. With ``K`` split into blocks of
@@ -67,6 +70,7 @@ from ...host import CacheSizes, cache_sizes
 from ...microkernels import Microkernel, microkernels_for
 from ...microkernels.transposed_tail import transposed_layout
 from ...thread_pool import num_threads
+from ..accumulate import STACK_BYTES
 
 # Accumulators needed to hide FMA latency: 2 FMA pipes x 4 cycles.
 _MIN_ACCUMULATORS = 8
@@ -76,6 +80,15 @@ _LINE = 64
 _L1_SETS = 64
 _L1_WAYS = 8
 _INPUT_BYTES = {"float32": 4, "bfloat16": 2, "int16": 2, "uint8": 1, "int8": 1}
+# Rule 2 keeps the threads busy first (this share of them at least) where each has this many
+# tiles (_busy_threads_first).
+_BUSY_BALANCE = 0.9
+_BUSY_MIN_TILES = 8
+# ...and A has this many elements at least: a smaller GEMM is over before a second thread
+# pays (97x1x333, 32k of A, 0.89x split; 197x1x333 1.24x).
+_BUSY_MIN_A = 1 << 16
+# Bytes of an accumulator element (fp32 and int32 alike).
+_ACCUMULATOR_BYTES = 4
 # Cost of one block's loop overhead, in units of FLOP-normalised traffic.
 _BLOCK_OVERHEAD = 4.0
 # Cost of one FLOP in those units (an element read from memory ~ 20 FMAs).
@@ -403,6 +416,7 @@ def choose_blocks(shape: GemmShape, kernel: Microkernel, caches: CacheSizes,
                and streams_weights(shape, kernel, caches))
     a_traffic = _A_IN_L2_TRAFFIC if a_in_l2 else 1.0
     best, best_cost = (1, 1), math.inf
+    busy, busy_cost = (1, 1), math.inf
     for mb in _divisors(m_tiles):
         if mb > 1 and (mb * kernel.mr + kernel.nr) * shape.k * shape.itemsize > budget:
             continue
@@ -417,7 +431,39 @@ def choose_blocks(shape: GemmShape, kernel: Microkernel, caches: CacheSizes,
                 + _BLOCK_OVERHEAD / (rows * cols)
             if cost < best_cost - 1e-12:
                 best, best_cost = (mb, nb), cost
+            if balance >= _BUSY_BALANCE and cost < busy_cost - 1e-12:
+                busy, busy_cost = (mb, nb), cost
+    if busy_cost < math.inf and _balance(shape.batch * (m_tiles // best[0])
+                                         * (n_tiles // best[1]), threads) < _BUSY_BALANCE \
+            and _busy_threads_first(shape, kernel, caches, threads):
+        return busy
     return best
+
+
+def _busy_threads_first(shape: GemmShape, kernel: Microkernel, caches: CacheSizes,
+                        threads: int) -> bool:
+    """Whether rule 2 keeps the threads busy (:data:`_BUSY_BALANCE` of them) before it counts
+    traffic, where its cheapest blocks leave more idle: where ``B`` fits half of L2 (its re-reads
+    hit the cache), each thread has :data:`_BUSY_MIN_TILES` tiles or more, ``A`` is
+    :data:`_BUSY_MIN_A` elements or more, and blocks cost no allocation (:func:`stack_accumulator`).
+    A prime number of row tiles otherwise makes one block (197 one-row tiles of a narrow ``N``:
+    ``B`` read once, and one thread busy): 197x7x333 ran 1.40-1.63x, 197x8x333 1.67x and 197x1x333
+    1.24x faster on 197 one-row blocks, 97x8x768 1.71x, 777x8x333 (37 blocks of 3 tiles before)
+    1.30x, 777x32x256 1.22x; the AVX2 code 197x3x333 1.29x, 196x8x3072 1.11x, 7x1000x64 1.10x,
+    49x1000x64 1.06x, 196x16x333 1.05x, 49x32x3072 1.01x (same process, 2-core Zen 4, 11 rounds,
+    outputs identical; GEMMs of one column 0.99-1.15x)."""
+    tiles = shape.batch * (shape.m // kernel.mr) * (shape.n // kernel.nr)
+    return (stack_accumulator(kernel) and tiles >= _BUSY_MIN_TILES * threads
+            and shape.batch * shape.m * shape.k >= _BUSY_MIN_A
+            and shape.k * shape.n * shape.itemsize <= caches.l2 // 2)
+
+
+def stack_accumulator(kernel: Microkernel, k_block: int = 0) -> bool:
+    """Whether the template keeps ``kernel``'s accumulator tile on the stack
+    (``schedules/accumulate.py``: ``keep_accumulator_on_stack``): a vector tile, whole ``K``,
+    under :data:`STACK_BYTES`."""
+    return (not kernel.per_block and not k_block
+            and kernel.mr * kernel.nr * _ACCUMULATOR_BYTES < STACK_BYTES)
 
 
 def k_block_size(shape: GemmShape, kernel: Microkernel) -> int:

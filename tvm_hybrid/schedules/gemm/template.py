@@ -57,13 +57,14 @@ from ..accumulate import (
     accumulate_in_tile,
     attach_accumulator,
     decompose_accumulator,
+    keep_accumulator_on_stack,
     reduction_blocks,
 )
 from ..parallel_vectorize import inline_free_producers
 from ..template import Template
 from . import space
 from .analysis import GemmBlock, match_gemm
-from .heuristics import GemmKnobs, choose_knobs, select, target_threads
+from .heuristics import GemmKnobs, choose_knobs, select, stack_accumulator, target_threads
 
 logger = logging.getLogger(__name__)
 
@@ -247,6 +248,8 @@ def tensorize_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
     k = knobs.k_block or gemm.shape.k
     sch.tensorize(ii, tensor_intrin(kernel, k) if tail is None else
                   tensor_intrin(kernel, k, tail=tail))
+    if stack_accumulator(kernel, knobs.k_block):
+        keep_accumulator_on_stack(sch, tile)
     blocked = f", K blocks of {knobs.k_block}" if knobs.k_block else ""
     if tail is not None:
         blocked += f", last panel {tail.columns} of {kernel.nr} columns"
