@@ -508,14 +508,17 @@ def _hardswish_gemm(m: int, k: int, n: int, rng) -> tuple[onnx.ModelProto, np.nd
         hb * np.clip(hb + 3, 0, 6) / 6
 
 
-@pytest.mark.parametrize("mcpu,register,lanes", [("haswell", "ymm", 8), ("znver4", "zmm", 16)])
-def test_epilogue_of_a_padded_panel_is_vectorised(mcpu, register, lanes, rng):
+@pytest.mark.parametrize("mcpu,register,lanes,n", [("haswell", "ymm", 8, 208),
+                                                    ("znver4", "zmm", 16, 208),
+                                                    ("znver4", "ymm", 8, 200)])
+def test_epilogue_of_a_padded_panel_is_vectorised(mcpu, register, lanes, n, rng):
     """208 columns pad the weights' last panel (24 or 32 columns wide); the guarded write-back
     runs in whole vectors (a guard on single lanes made TVM scalarise the epilogue: a scalar
-    division per element). HardSwish's division by 6 is a product by 1/6 by then, inside the
-    one fused kernel (ReciprocalDivisors runs before the epilogues are grouped: a group's
-    constants are its parameters)."""
-    proto, x, want = _hardswish_gemm(96, 48, 208, rng)
+    division per element), or in half vectors where only those divide the kept columns (200
+    on 16 lanes: ocr_cls ran 1.38x faster). HardSwish's division by 6 is a product by 1/6 by
+    then, inside the one fused kernel (ReciprocalDivisors runs before the epilogues are
+    grouped: a group's constants are its parameters)."""
+    proto, x, want = _hardswish_gemm(96, 48, n, rng)
     model = tvm_hybrid.compile(proto, {"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
     (kernel,) = model.kernel_names()
     script = model.lowered[kernel].script()
