@@ -19,7 +19,7 @@ from tvm.target import Target
 from ..host import target_features
 from .kernel import Family, Microkernel
 from .tiles import Tail, plain_tile_functions
-from .transposed_tail import spread_of
+from .transposed_tail import per_column_fits, spread_of
 
 _FAMILIES: dict[tuple[str, str], Family] = {}
 
@@ -154,8 +154,8 @@ def transposed_fits(kernel: Microkernel, tail: Tail) -> bool:
     return (not kernel.per_block and kernel.in_dtype == "float32"
             and family_of(kernel).tile_functions is plain_tile_functions
             and tail.run >= 2 and 4 <= width <= kernel.lanes
-            and (not tail.per_column or 1 < tail.columns <= tail.run
-                 and kernel.mr * tail.columns + 2 <= kernel.num_registers)
+            and (not tail.per_column or tail.columns <= tail.run
+                 and per_column_fits(kernel.mr, tail.columns, kernel.num_registers))
             and width <= kernel.panel_width - tail.columns)
 
 

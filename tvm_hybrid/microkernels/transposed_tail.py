@@ -129,9 +129,16 @@ def transposed_layout(lanes: int, panel: int, columns: int, rows: int = 1,
     if width < max(_MIN_WIDTH, 2 * spread):
         return None
     run = width // spread
-    if run <= PER_COLUMN_RUN and columns > 1 and rows * columns + 2 <= registers:
+    if run <= PER_COLUMN_RUN and per_column_fits(rows, columns, registers):
         return width, width, True
     return width, run, False
+
+
+def per_column_fits(rows: int, columns: int, registers: int) -> bool:
+    """Whether a tile of ``rows`` rows and a register file of ``registers`` vectors runs a
+    per-column copy of ``columns`` columns: an accumulator per row and column, and two vectors
+    for the operands."""
+    return columns > 1 and rows * columns + 2 <= registers
 
 
 def write_transposed_copy(packed: np.ndarray, weight: np.ndarray, width: int,

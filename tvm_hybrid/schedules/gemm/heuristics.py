@@ -415,7 +415,7 @@ def choose_blocks(shape: GemmShape, kernel: Microkernel, caches: CacheSizes,
     a_in_l2 = (shape.m * shape.k * shape.itemsize <= budget
                and streams_weights(shape, kernel, caches))
     a_traffic = _A_IN_L2_TRAFFIC if a_in_l2 else 1.0
-    best, best_cost = (1, 1), math.inf
+    best, best_cost, best_balance = (1, 1), math.inf, 0.0
     busy, busy_cost = (1, 1), math.inf
     for mb in _divisors(m_tiles):
         if mb > 1 and (mb * kernel.mr + kernel.nr) * shape.k * shape.itemsize > budget:
@@ -430,11 +430,10 @@ def choose_blocks(shape: GemmShape, kernel: Microkernel, caches: CacheSizes,
             cost = (_COMPUTE + a_traffic / cols + 1 / rows) / balance \
                 + _BLOCK_OVERHEAD / (rows * cols)
             if cost < best_cost - 1e-12:
-                best, best_cost = (mb, nb), cost
+                best, best_cost, best_balance = (mb, nb), cost, balance
             if balance >= _BUSY_BALANCE and cost < busy_cost - 1e-12:
                 busy, busy_cost = (mb, nb), cost
-    if busy_cost < math.inf and _balance(shape.batch * (m_tiles // best[0])
-                                         * (n_tiles // best[1]), threads) < _BUSY_BALANCE \
+    if best_balance < _BUSY_BALANCE and busy_cost < math.inf \
             and _busy_threads_first(shape, kernel, caches, threads):
         return busy
     return best
