@@ -230,11 +230,11 @@ def prefetching_fma(kernel: Microkernel, kc: int):
     ``k``, the cache lines of ``B`` ``kc`` rows ahead: on packed weights (panels of ``K x nr``,
     one after the other) the next panel, or with ``K`` blocks the panel's next block.
 
-    Without it the first row tile's pass over each panel of weights larger than L2 ran at the
-    pace of L3 or memory: a 128x3072x768 GEMM took 2.67 ms with its weights cold (four such
-    GEMMs called in turn) against 2.24 ms warm, 2.42 ms prefetched; the BERT-base layer ran
-    1.09x (batch 1) and 1.07x (batch 8) faster (2-core Emerald Rapids, same process, 9 rounds,
-    outputs identical). The row tiles after the first find
+    Without it every row tile's first pass over a panel of weights that stream from memory
+    (``B`` over 4 L2s) ran at the memory's pace: a 128x3072x768 GEMM took 2.67 ms with its
+    weights cold (four such GEMMs called in turn) against 2.24 ms warm, 2.42 ms prefetched; the
+    BERT-base layer ran 1.10x (batch 1) and 1.07x (batch 8) faster (2-core Emerald Rapids,
+    same process, 9 of 9 rounds each, outputs identical). The row tiles after the first find
     the lines in L2; the prefetches cost a load slot each.
 
     The prefetch is a call LLVM cannot see into, and LLVM keeps no accumulator in a register
