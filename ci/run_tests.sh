@@ -15,7 +15,7 @@ TVM_HYBRID_HOST_CPU=haswell "$VENV/bin/python" -m pytest -q -p no:cacheprovider 
     tests/test_numerics.py tests/test_amx.py tests/test_conv_gemm.py tests/test_conv_epilogues.py \
     tests/test_attention.py tests/test_quantized_attention.py tests/test_attention_op.py \
     tests/test_qdq_conv.py tests/test_gemm_chain.py tests/test_depthwise_template.py \
-    tests/test_gemm_tail.py tests/test_transposed_tail.py
+    tests/test_gemm_tail.py tests/test_transposed_tail.py tests/test_weight_prefetch.py
 # The README's test command (the fast default: cases marked slow are deselected):
 "$VENV/bin/python" -m pytest -q
 # The slow cases: the largest light CNNs of the ONNX conformance data, the zoo's largest models,

@@ -14,6 +14,12 @@ from collections.abc import Callable
 
 from tvm import DataType
 
+#: Bytes under which TVM's ``LowerTVMBuiltin`` keeps a ``"global"`` allocation on the stack
+#: (``runtime::kMaxStackAlloca``); any ``"local"`` one, and larger ones, it takes from the
+#: runtime's workspace pool (``TVMBackendAllocWorkspace`` and a free, once per parallel task).
+#: Only a stack array stays in registers across a call LLVM cannot see into.
+STACK_BYTES = 1024
+
 
 @dataclasses.dataclass(frozen=True)
 class Microkernel:

@@ -18,7 +18,7 @@ from tvm.target import Target
 
 from ..host import target_features
 from .kernel import Family, Microkernel
-from .tiles import Tail, plain_tile_functions
+from .tiles import Tail, plain_tile_functions, prefetch_fits
 from .transposed_tail import per_column_fits, spread_of
 
 _FAMILIES: dict[tuple[str, str], Family] = {}
@@ -120,7 +120,7 @@ def family_of(kernel: Microkernel) -> Family:
 
 
 def tensor_intrin(kernel: Microkernel, k: int, block: tuple[int, int] | None = None,
-                  tail: Tail | None = None) -> str:
+                  tail: Tail | None = None, prefetch: bool = False) -> str:
     """Register (once) and return the name of ``kernel``'s tensor intrinsic over ``k``.
 
     Parameters
@@ -134,6 +134,9 @@ def tensor_intrin(kernel: Microkernel, k: int, block: tuple[int, int] | None = N
     tail
         For vector tiles on packed weights whose last panel is partly used: where that panel
         starts and how many of its columns to compute (``tiles.Tail``).
+    prefetch
+        Prefetch the next ``k`` rows of ``B`` into L2 while computing (packed weights that
+        stream from memory: ``tiles.prefetching_fma``; :func:`supports_prefetch`).
     """
     if kernel.per_block != (block is not None):
         raise ValueError(f"{kernel.name}: a block size is needed exactly for per-block kernels")
@@ -142,7 +145,18 @@ def tensor_intrin(kernel: Microkernel, k: int, block: tuple[int, int] | None = N
     if tail is not None and tail.run and not transposed_fits(kernel, tail):
         raise ValueError(f"{kernel.name}: no transposed tail of {tail.columns} columns with "
                          f"{tail.run} k per vector")
-    return _register(kernel, int(k), tuple(int(b) for b in block) if block else None, tail)
+    if prefetch and not supports_prefetch(kernel, k):
+        raise ValueError(f"{kernel.name}: no prefetching intrinsic")
+    return _register(kernel, int(k), tuple(int(b) for b in block) if block else None, tail,
+                     bool(prefetch))
+
+
+def supports_prefetch(kernel: Microkernel, k: int) -> bool:
+    """Whether ``kernel`` has a prefetching intrinsic over ``k`` (``tiles.prefetching_fma``): a
+    tile of the plain fp32 family whose accumulators fit its stack arrays, one set of sums
+    (``tiles.prefetch_fits``)."""
+    return (not kernel.per_block and family_of(kernel).tile_functions is plain_tile_functions
+            and prefetch_fits(kernel, k))
 
 
 def transposed_fits(kernel: Microkernel, tail: Tail) -> bool:
@@ -173,13 +187,17 @@ def supports_tail(kernel: Microkernel) -> bool:
 
 @functools.cache
 def _register(kernel: Microkernel, k: int, block: tuple[int, int] | None,
-              tail: Tail | None = None) -> str:
+              tail: Tail | None = None, prefetch: bool = False) -> str:
     family = family_of(kernel)
     if block is None:
-        name = f"{kernel.name}_k{k}{tail.key if tail else ''}"
+        name = f"{kernel.name}_k{k}{tail.key if tail else ''}{'_p' if prefetch else ''}"
         # A family without tails takes (kernel, k) only (supports_tail).
-        desc, impl = family.tile_functions(kernel, k) if tail is None else \
-            family.tile_functions(kernel, k, tail)
+        if prefetch:
+            desc, impl = family.tile_functions(kernel, k, tail, prefetch=True)
+        elif tail is None:
+            desc, impl = family.tile_functions(kernel, k)
+        else:
+            desc, impl = family.tile_functions(kernel, k, tail)
     else:
         name = f"{kernel.name}_b{block[0]}x{block[1]}_k{k}"
         desc, impl = family.block_functions(kernel, block[0], block[1], k)
@@ -187,8 +205,10 @@ def _register(kernel: Microkernel, k: int, block: tuple[int, int] | None,
     return name
 
 
-#: What names one of our intrinsics: kernel, block, ``K`` and tail (:func:`tensor_intrin`).
-INTRIN_NAME = r"(hybrid_gemm_\w+?)(?:_b(\d+)x(\d+))?_k(\d+)(?:_t(\d+)at(\d+)(?:d(\d+)(c?))?)?"
+#: What names one of our intrinsics: kernel, block, ``K``, tail and prefetch
+#: (:func:`tensor_intrin`).
+INTRIN_NAME = (r"(hybrid_gemm_\w+?)(?:_b(\d+)x(\d+))?_k(\d+)(?:_t(\d+)at(\d+)(?:d(\d+)(c?))?)?"
+               r"(_p)?")
 
 
 def ensure_tensor_intrin(intrin_name: str) -> bool:
@@ -217,5 +237,8 @@ def ensure_tensor_intrin(intrin_name: str) -> bool:
     if tail is not None and (not supports_tail(kernel) or not 0 < tail.columns < kernel.nr
                              or tail.run and not transposed_fits(kernel, tail)):
         return False
-    tensor_intrin(kernel, int(found.group(4)), block, tail)
+    prefetch = bool(found.group(9))
+    if prefetch and (block is not None or not supports_prefetch(kernel, int(found.group(4)))):
+        return False
+    tensor_intrin(kernel, int(found.group(4)), block, tail, prefetch)
     return True

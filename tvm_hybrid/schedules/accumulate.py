@@ -60,17 +60,12 @@ def decompose_accumulator(sch: s_tir.Schedule, block, tile_loop, init_at,
         _vectorize_innermost(sch, child, chunk)
 
 
-#: Bytes under which TVM's ``LowerTVMBuiltin`` keeps a ``"global"`` allocation on the stack
-#: (``runtime::kMaxStackAlloca``); any ``"local"`` one, and larger ones, it takes from the
-#: runtime's workspace pool (``TVMBackendAllocWorkspace`` and a free, once per parallel task).
-STACK_BYTES = 1024
-
 
 def keep_accumulator_on_stack(sch: s_tir.Schedule, tile_loop) -> bool:
     """Make the ``"local"`` accumulator written under ``tile_loop`` a ``"global"`` buffer (after
     the microkernel is tensorized: its intrinsics declare ``"local"``), which TVM puts on the
-    stack when under :data:`STACK_BYTES`; the caller checks the size. Returns whether one was
-    found.
+    stack when under ``microkernels.kernel.STACK_BYTES``; the caller checks the size. Returns
+    whether one was found.
 
     From the pool, each parallel task pays an allocation and a free: nothing for a block of
     many tiles, but a GEMM of 197 one-row blocks (``heuristics.choose_blocks``) spent half its

@@ -80,13 +80,12 @@ from tvm.target import Target
 
 from ...host import target_features
 from ...microkernels import Microkernel, best_vector_family, supported_families
+from ...microkernels.kernel import STACK_BYTES
 from ..gemm.heuristics import kernel_score, target_threads
 from .workload import AttentionShape, row_strides
 
 logger = logging.getLogger(__name__)
 
-#: TVM puts a kernel's local arrays of this many bytes or more in heap workspace.
-STACK_BYTES = 1024
 #: The most accumulator bytes a tile may have (16 zmm registers).
 TILE_BYTES = 1024
 #: Keys per online-softmax step with AVX-512 (rule 4).

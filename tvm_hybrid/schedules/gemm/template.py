@@ -50,7 +50,7 @@ from tvm.target import Target
 
 from ...host import cache_sizes, target_features
 from ...microkernels import Microkernel, has_gemm_kernels, microkernel_by_name, tensor_intrin
-from ...microkernels.registry import supports_tail, transposed_fits
+from ...microkernels.registry import supports_prefetch, supports_tail, transposed_fits
 from ...microkernels.tiles import Tail
 from ...microkernels.transposed_tail import copy_period, spread_of
 from ..accumulate import (
@@ -64,7 +64,14 @@ from ..parallel_vectorize import inline_free_producers
 from ..template import Template
 from . import space
 from .analysis import GemmBlock, match_gemm
-from .heuristics import GemmKnobs, choose_knobs, select, stack_accumulator, target_threads
+from .heuristics import (
+    GemmKnobs,
+    choose_knobs,
+    prefetches_weights,
+    select,
+    stack_accumulator,
+    target_threads,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -246,11 +253,13 @@ def tensorize_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
     decompose_accumulator(sch, gemm.block, tile, init_at, kernel.lanes)
     tail = gemm_tail(gemm, kernel, knobs.k_block)
     k = knobs.k_block or gemm.shape.k
-    sch.tensorize(ii, tensor_intrin(kernel, k) if tail is None else
-                  tensor_intrin(kernel, k, tail=tail))
+    prefetch = prefetches_next(gemm, kernel, k)
+    sch.tensorize(ii, tensor_intrin(kernel, k, tail=tail, prefetch=prefetch))
     if stack_accumulator(kernel, knobs.k_block):
         keep_accumulator_on_stack(sch, tile)
     blocked = f", K blocks of {knobs.k_block}" if knobs.k_block else ""
+    if prefetch:
+        blocked += ", next panel prefetched"
     if tail is not None:
         blocked += f", last panel {tail.columns} of {kernel.nr} columns"
         if tail.run:
@@ -263,6 +272,14 @@ def tensorize_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
                  f"{kernel.isa} {kernel.mr}x{kernel.nr} microkernel, order {knobs.order}, "
                  f"K={gemm.shape.k}{blocked}")
     return tile
+
+
+def prefetches_next(gemm: GemmBlock, kernel: Microkernel, k: int) -> bool:
+    """Whether ``kernel``'s intrinsic for ``gemm`` over ``k`` prefetches the next ``k`` rows of
+    ``B`` (``heuristics.prefetches_weights``): ``B`` packed in ``kernel``'s panels, which lie one
+    after the other, so that the rows after a call's are the next panel's (or ``K`` block's)."""
+    return (gemm.packed_nr == kernel.nr == kernel.panel_width and supports_prefetch(kernel, k)
+            and prefetches_weights(gemm.shape, kernel, cache_sizes()))
 
 
 def gemm_tail(gemm: GemmBlock, kernel: Microkernel, k_block: int = 0) -> Tail | None:
