@@ -9,7 +9,8 @@ lower.
    chains of constant scales and shifts as one multiply-add.
 3. **Fusion**: legalize to TIR, fuse producer/consumer chains into one kernel each. Phases 1-3
    are :func:`prepare_passes`; their PrimFuncs are the tuning tasks.
-4. **Schedule**: tuning records, then the expert templates, then the fallback rule.
+4. **Schedule**: tuning records, then the expert templates, then the fallback rule; then the
+   zero rows that GEMMs' row tails never read are no longer copied in (``DropRowPadding``).
 5. **Lower** for the VM.
 6. **TIR** (:func:`tir_pipeline`, registered as the ``"hybrid"`` TIR pipeline): TVM's default
    lowering, then kernels that take their tensor arguments at any element-aligned address.
@@ -33,6 +34,7 @@ from .host import host_target
 from .passes import (
     CheckIndices,
     ConvToGemm,
+    DropRowPadding,
     ElementAlignedArguments,
     FastMath,
     FoldAffineChains,
@@ -138,7 +140,8 @@ def schedule_passes(recorder=None) -> list[tvm.transform.Pass]:
         relax.transform.MetaScheduleApplyDatabase(enable_warning=False)]
     # The recorder keeps the unscheduled kernels (FLOP counts, hints) before they change.
     snapshot = [recorder.snapshot()] if recorder is not None else []
-    return [*snapshot, *records, dlight.ApplyDefaultSchedule(*default_rules())]
+    # Then the GEMMs whose last row tile reads only A's own rows take A without its padding.
+    return [*snapshot, *records, dlight.ApplyDefaultSchedule(*default_rules()), DropRowPadding()]
 
 
 def lowering_passes(target: Target) -> list[tvm.transform.Pass]:

@@ -18,7 +18,7 @@ from tvm.target import Target
 
 from ..host import target_features
 from .kernel import Family, Microkernel
-from .tiles import Tail, plain_tile_functions, prefetch_fits
+from .tiles import RowTail, Tail, plain_tile_functions, prefetch_fits
 from .transposed_tail import per_column_fits, spread_of
 
 _FAMILIES: dict[tuple[str, str], Family] = {}
@@ -120,7 +120,8 @@ def family_of(kernel: Microkernel) -> Family:
 
 
 def tensor_intrin(kernel: Microkernel, k: int, block: tuple[int, int] | None = None,
-                  tail: Tail | None = None, prefetch: bool = False) -> str:
+                  tail: Tail | None = None, prefetch: bool = False,
+                  row_tail: RowTail | None = None) -> str:
     """Register (once) and return the name of ``kernel``'s tensor intrinsic over ``k``.
 
     Parameters
@@ -147,8 +148,17 @@ def tensor_intrin(kernel: Microkernel, k: int, block: tuple[int, int] | None = N
                          f"{tail.run} k per vector")
     if prefetch and not supports_prefetch(kernel, k):
         raise ValueError(f"{kernel.name}: no prefetching intrinsic")
+    if row_tail is not None and not (supports_row_tail(kernel) and 0 < row_tail.rows < kernel.mr
+                                     and not (tail is not None and tail.run)):
+        raise ValueError(f"{kernel.name}: no row tail of {row_tail.rows} rows")
     return _register(kernel, int(k), tuple(int(b) for b in block) if block else None, tail,
-                     bool(prefetch))
+                     bool(prefetch), row_tail)
+
+
+def supports_row_tail(kernel: Microkernel) -> bool:
+    """Whether ``kernel`` has intrinsics for a last row tile of fewer rows (``tiles.RowTail``):
+    a tile of the plain fp32 family."""
+    return not kernel.per_block and family_of(kernel).tile_functions is plain_tile_functions
 
 
 def supports_prefetch(kernel: Microkernel, k: int) -> bool:
@@ -187,12 +197,17 @@ def supports_tail(kernel: Microkernel) -> bool:
 
 @functools.cache
 def _register(kernel: Microkernel, k: int, block: tuple[int, int] | None,
-              tail: Tail | None = None, prefetch: bool = False) -> str:
+              tail: Tail | None = None, prefetch: bool = False,
+              row_tail: RowTail | None = None) -> str:
     family = family_of(kernel)
     if block is None:
-        name = f"{kernel.name}_k{k}{tail.key if tail else ''}{'_p' if prefetch else ''}"
+        name = (f"{kernel.name}_k{k}{tail.key if tail else ''}"
+                f"{row_tail.key if row_tail else ''}{'_p' if prefetch else ''}")
         # A family without tails takes (kernel, k) only (supports_tail).
-        if prefetch:
+        if row_tail is not None:
+            desc, impl = family.tile_functions(kernel, k, tail, prefetch=prefetch,
+                                               row_tail=row_tail)
+        elif prefetch:
             desc, impl = family.tile_functions(kernel, k, tail, prefetch=True)
         elif tail is None:
             desc, impl = family.tile_functions(kernel, k)
@@ -205,10 +220,10 @@ def _register(kernel: Microkernel, k: int, block: tuple[int, int] | None,
     return name
 
 
-#: What names one of our intrinsics: kernel, block, ``K``, tail and prefetch
+#: What names one of our intrinsics: kernel, block, ``K``, tail, row tail and prefetch
 #: (:func:`tensor_intrin`).
 INTRIN_NAME = (r"(hybrid_gemm_\w+?)(?:_b(\d+)x(\d+))?_k(\d+)(?:_t(\d+)at(\d+)(?:d(\d+)(c?))?)?"
-               r"(_p)?")
+               r"(?:_r(\d+)at(\d+))?(_p)?")
 
 
 def ensure_tensor_intrin(intrin_name: str) -> bool:
@@ -237,8 +252,12 @@ def ensure_tensor_intrin(intrin_name: str) -> bool:
     if tail is not None and (not supports_tail(kernel) or not 0 < tail.columns < kernel.nr
                              or tail.run and not transposed_fits(kernel, tail)):
         return False
-    prefetch = bool(found.group(9))
+    prefetch = bool(found.group(11))
     if prefetch and (block is not None or not supports_prefetch(kernel, int(found.group(4)))):
         return False
-    tensor_intrin(kernel, int(found.group(4)), block, tail, prefetch)
+    row_tail = RowTail(int(found.group(10)), int(found.group(9))) if found.group(9) else None
+    if row_tail is not None and (block is not None or not supports_row_tail(kernel)
+                                 or not 0 < row_tail.rows < kernel.mr or tail and tail.run):
+        return False
+    tensor_intrin(kernel, int(found.group(4)), block, tail, prefetch, row_tail)
     return True

@@ -53,6 +53,30 @@ class Tail:
         return f"_t{self.columns}at{self.offset}{copy}"
 
 
+@dataclasses.dataclass(frozen=True)
+class RowTail:
+    """The last row tile of a GEMM whose ``A`` has fewer rows than whole tiles (``M`` padded to
+    a better tile, ``heuristics.padded_rows``): it starts at element ``offset`` of ``A``
+    (``(M_padded - mr) * K``) and only its first ``rows`` rows exist."""
+
+    offset: int
+    rows: int
+
+    @property
+    def key(self) -> str:
+        """The intrinsic name's suffix."""
+        return f"_r{self.rows}at{self.offset}"
+
+
+def _row_branch(row_tail: RowTail | None, full, partial):
+    """``full``, or with ``row_tail`` a macro running ``partial`` (the tile's first rows only)
+    when ``A`` is the last row tile: the rows past ``A``'s are never read, so ``A`` needs no
+    zero rows (``passes/row_padding.py`` drops the copy that added them)."""
+    if row_tail is None:
+        return full
+    return _from_offset(lambda A, B: A, row_tail.offset, full, partial)
+
+
 def _branch(tail: Tail | None, full, partial):
     """``full`` (a ``T.macro`` over ``A, B, C``), or with ``tail`` a macro running ``partial``
     when ``B`` is the last panel and ``full`` otherwise; ``partial`` alone when the last panel
@@ -61,11 +85,16 @@ def _branch(tail: Tail | None, full, partial):
         return full
     if tail.offset == 0:
         return partial
-    offset = tail.offset
+    return _from_offset(lambda A, B: B, tail.offset, full, partial)
+
+
+def _from_offset(operand, offset: int, full, partial):
+    """A macro over ``A, B, C`` running ``partial`` where ``operand(A, B)`` starts at element
+    ``offset`` or later, else ``full`` (one branch per call)."""
 
     @T.macro
     def body(A, B, C):
-        if B.elem_offset >= offset:
+        if operand(A, B).elem_offset >= offset:
             partial(A, B, C)
         else:
             full(A, B, C)
@@ -143,7 +172,7 @@ def reference_update(mr: int, nr: int, kc: int, acc: str, b_at: Callable, cast: 
 
 
 def broadcast_fma(kernel: Microkernel, kc: int, columns: int | None = None,
-                  exact: bool = False, sets: int = 1):
+                  exact: bool = False, sets: int = 1, rows: int | None = None):
     """The vector body of an ``mr x nr`` fp32 tile over ``kc`` steps, a ``T.macro`` over
     ``A[mr, kc]``, ``B[kc, nr]`` and ``C[mr, nr]`` (any strides): per ``k`` and row, one
     element of ``A`` broadcast and ``nr / lanes`` FMAs with ``B``'s row. The tile intrinsics
@@ -152,8 +181,9 @@ def broadcast_fma(kernel: Microkernel, kc: int, columns: int | None = None,
     ``columns``: only the vectors covering the first ``columns`` (:func:`tail_pieces`, with
     ``exact``). ``sets``: the ``k`` steps go round-robin into that many partial sums, added
     into ``C`` at the end (:func:`split_sets`: a tile of few accumulators, whose FMAs would
-    otherwise wait on each other)."""
-    mr, lanes = kernel.mr, kernel.lanes
+    otherwise wait on each other). ``rows``: only the tile's first ``rows`` rows (a
+    :class:`RowTail`; the others' accumulators are left as they are)."""
+    mr, lanes = rows or kernel.mr, kernel.lanes
     vectors, piece = ((kernel.nr // lanes, 0) if columns is None
                       else tail_pieces(kernel, columns, exact=exact))
     start = vectors * lanes
@@ -309,10 +339,12 @@ def split_sets(kernel: Microkernel, kc: int) -> int:
 
 
 def plain_tile_functions(kernel: Microkernel, kc: int, tail: Tail | None = None,
-                         prefetch: bool = False):
+                         prefetch: bool = False, row_tail: RowTail | None = None):
     """The (description, implementation) pair of an ``mr x nr`` fp32 tile over ``kc`` steps
     (with ``tail``: the last panel's used columns only, module docstring; ``prefetch``: the
-    next ``kc`` rows of ``B`` prefetched, :func:`prefetching_fma`)."""
+    next ``kc`` rows of ``B`` prefetched, :func:`prefetching_fma`; ``row_tail``: the last row
+    tile's existing rows only, :class:`RowTail`, each summed in the same order as a full
+    tile's)."""
     mr, nr, dtype = kernel.mr, kernel.nr, kernel.in_dtype
     buffers = ((mr, kc), (kc, nr), (1,), (dtype, dtype, dtype), (mr, nr))
     desc = reference_update(mr, nr, kc, dtype, lambda B, j, k: B[k, j], cast=False)
@@ -322,9 +354,16 @@ def plain_tile_functions(kernel: Microkernel, kc: int, tail: Tail | None = None,
         partial = transposed_dot(kernel, kc, tail.columns, tail.run, tail.per_column)
     else:  # as many partial sums as the full panels: every column summed in the same order
         partial = broadcast_fma(kernel, kc, tail.columns, sets=split_sets(kernel, kc))
-    full = prefetching_fma(kernel, kc) if prefetch else \
-        broadcast_fma(kernel, kc, sets=split_sets(kernel, kc))
+    sets = split_sets(kernel, kc)
+    full = prefetching_fma(kernel, kc) if prefetch else broadcast_fma(kernel, kc, sets=sets)
     impl = _branch(tail, full, partial)
+    if row_tail is not None:
+        if tail is not None and tail.run:
+            raise ValueError(f"{kernel.name}: no row tail with a transposed tail")
+        rows = row_tail.rows
+        impl = _row_branch(row_tail, impl, _branch(
+            tail, broadcast_fma(kernel, kc, sets=sets, rows=rows),
+            broadcast_fma(kernel, kc, tail.columns, sets=sets, rows=rows) if tail else None))
     return tile_function(*buffers, desc), tile_function(*buffers, impl)
 
 

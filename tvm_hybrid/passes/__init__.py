@@ -16,11 +16,13 @@ from .integer_conv import IntegerConvToFloat
 from .integer_gemm import IntegerGemmToVNNI
 from .prepack import PrepackConstantWeights
 from .qdq import FoldQDQ
+from .row_padding import DropRowPadding
 from .sink_reshapes import SinkReshapes
 
 __all__ = [
     "CheckIndices",
     "ConvToGemm",
+    "DropRowPadding",
     "ElementAlignedArguments",
     "FastMath",
     "FoldAffineChains",

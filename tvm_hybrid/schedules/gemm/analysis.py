@@ -44,6 +44,12 @@ class GemmBlock:
     transposed_run: int = 0
     #: Whether that copy holds one column per vector (the block's annotation).
     transposed_per_column: bool = False
+    #: Of the ``M`` rows (padded to whole tiles: ``heuristics.padded_rows``), those the
+    #: consumer reads when fewer (:func:`used_rows`); None: all.
+    rows: int | None = None
+    #: The name and shape of ``A``'s buffer (a row tail's offset; ``passes/row_padding.py``).
+    a_name: str = ""
+    a_shape: tuple[int, ...] = ()
 
 
 def match_gemm(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> GemmBlock | None:
@@ -120,8 +126,11 @@ def match_gemm(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> GemmBlock
     columns = used_columns(sch, block, n) if packed_nr is not None else None
     run = int(stmt.annotations.get(TRANSPOSED_TAIL, 0)) if columns is not None else 0
     per_column = bool(run) and bool(int(stmt.annotations.get(TRANSPOSED_PER_COLUMN, 0)))
+    rows = used_rows(sch, block, m) if packed_nr is not None else None
+    a_shape = tuple(int(d.value) if isinstance(d, prim.IntImm) else -1
+                    for d in a_load.source.shape)
     return GemmBlock(block, GemmShape(batch, m, n, k_len), packed_nr, "float32", columns, run,
-                     per_column)
+                     per_column, rows, str(a_load.source.name), a_shape)
 
 
 def used_columns(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, n: int) -> int | None:
@@ -133,6 +142,21 @@ def used_columns(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, n: int) ->
     own last iteration variable, whose extent is the kept ``N``. Anything else (several
     consumers, other indices, an output parameter) keeps all ``n`` columns.
     """
+    return _used_extent(sch, block, n, -1)
+
+
+def used_rows(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, m: int) -> int | None:
+    """How many of the ``m`` rows of ``block``'s output its consumer reads, when fewer and
+    provably so (``x`` padded with zero rows to whole tiles, ``heuristics.padded_rows``, the
+    rows sliced off by the consumer that drops the padded columns); else None. As
+    :func:`used_columns`, for the second-last axis."""
+    return _used_extent(sch, block, m, -2)
+
+
+def _used_extent(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, extent: int,
+                 axis: int) -> int | None:
+    """The extent of ``axis`` of ``block``'s output its single consumer reads, at its own
+    iteration variable of that axis (from 0), when smaller than ``extent``; else None."""
     consumers = sch.get_consumers(block)
     if len(consumers) != 1:
         return None
@@ -141,19 +165,21 @@ def used_columns(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, n: int) ->
     if not any(b.same_as(buffer) for b in sch.get(sch.get_sblock("root")).alloc_buffers):
         return None
     consumer = sch.get(consumers[0])
-    last = consumer.iter_vars[-1] if consumer.iter_vars else None
+    if len(consumer.iter_vars) < -axis:
+        return None
+    var = consumer.iter_vars[axis]
     loads = []
     tvm_ffi.structural_walk(consumer.body, [(ir_expr.TensorLoad, loads.append)])
     loads = [x for x in loads if x.source.same_as(buffer)]
-    if last is None or not loads or not all(
-            len(x.indices) == len(buffer.shape) and x.indices[-1].same_as(last.var)
+    if not loads or not all(
+            len(x.indices) == len(buffer.shape) and x.indices[axis].same_as(var.var)
             for x in loads):
         return None
-    extent = last.dom.extent
-    if not isinstance(extent, prim.IntImm) or not isinstance(last.dom.min, prim.IntImm) \
-            or int(last.dom.min.value) != 0:
+    used = var.dom.extent
+    if not isinstance(used, prim.IntImm) or not isinstance(var.dom.min, prim.IntImm) \
+            or int(var.dom.min.value) != 0:
         return None
-    return int(extent.value) if int(extent.value) < n else None
+    return int(used.value) if int(used.value) < extent else None
 
 
 def _is_load_of(expr, buffer) -> bool:

@@ -35,7 +35,10 @@ FMAs: where the consumer keeps fewer than ``N`` (``analysis.used_columns``), the
 branches on the last panel and updates only the vectors covering its used columns
 (:func:`gemm_tail`; a 197 x 97 GEMM on 32-column panels computes 100 columns, not 128). A GEMM
 of a few columns (``N`` under a panel) whose packed weights hold them transposed runs dot
-products along ``K`` instead (``microkernels/transposed_tail.py``).
+products along ``K`` instead (``microkernels/transposed_tail.py``). Likewise the padded rows
+cost no loads: where only the last row tile holds padding, its microkernel branches on ``A``'s
+offset and updates only the rows ``x`` has (:func:`gemm_row_tail`), the tile loop says so
+(:data:`ROWS_READ`), and ``passes/row_padding.py`` then drops the copy that padded ``x``.
 """
 
 from __future__ import annotations
@@ -50,8 +53,13 @@ from tvm.target import Target
 
 from ...host import cache_sizes, target_features
 from ...microkernels import Microkernel, has_gemm_kernels, microkernel_by_name, tensor_intrin
-from ...microkernels.registry import supports_prefetch, supports_tail, transposed_fits
-from ...microkernels.tiles import Tail
+from ...microkernels.registry import (
+    supports_prefetch,
+    supports_row_tail,
+    supports_tail,
+    transposed_fits,
+)
+from ...microkernels.tiles import RowTail, Tail
 from ...microkernels.transposed_tail import copy_period, spread_of
 from ..accumulate import (
     accumulate_in_tile,
@@ -77,6 +85,10 @@ logger = logging.getLogger(__name__)
 
 #: Loop annotation naming the microkernel and blocks the template chose.
 TEMPLATE_ANNOTATION = "hybrid.gemm_template"
+#: Loop annotation ``"<buffer of A>:<rows>"``: the tile loop reads only the first rows of
+#: ``A`` (a row tail, :func:`gemm_row_tail`), so ``A`` needs no zero rows past them
+#: (``passes/row_padding.py``).
+ROWS_READ = "hybrid.rows_read"
 
 
 class GemmTemplate(Template):
@@ -254,7 +266,8 @@ def tensorize_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
     tail = gemm_tail(gemm, kernel, knobs.k_block)
     k = knobs.k_block or gemm.shape.k
     prefetch = prefetches_next(gemm, kernel, k)
-    sch.tensorize(ii, tensor_intrin(kernel, k, tail=tail, prefetch=prefetch))
+    row_tail = gemm_row_tail(gemm, kernel, tail)
+    sch.tensorize(ii, tensor_intrin(kernel, k, tail=tail, prefetch=prefetch, row_tail=row_tail))
     if stack_accumulator(kernel, knobs.k_block):
         keep_accumulator_on_stack(sch, tile)
     blocked = f", K blocks of {knobs.k_block}" if knobs.k_block else ""
@@ -265,6 +278,10 @@ def tensorize_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
         if tail.run:
             per = " of one column" if tail.per_column else ""
             blocked += f", transposed ({tail.run} k{per} per vector)"
+    if row_tail is not None:
+        blocked += f", last row tile {row_tail.rows} of {kernel.mr} rows"
+        # Rows of A past gemm.rows are never read: the padding that added them can go.
+        sch.annotate(tile, ROWS_READ, f"{gemm.a_name}:{gemm.rows}")
     # Visible in the scheduled TIR (CompiledModel.lowered), for users and tests. The block
     # sizes are left out: they are decisions a tuner may change after this string is written
     # (they show as the loop extents).
@@ -305,6 +322,20 @@ def gemm_tail(gemm: GemmBlock, kernel: Microkernel, k_block: int = 0) -> Tail | 
         if transposed_fits(kernel, transposed):
             return transposed
     return tail
+
+
+def gemm_row_tail(gemm: GemmBlock, kernel: Microkernel, tail: Tail | None) -> RowTail | None:
+    """The microkernel's row tail for ``gemm``: where ``A`` was padded with zero rows to whole
+    tiles (``heuristics.padded_rows``) and only the last row tile holds padding, that tile's
+    offset in ``A`` and its rows of ``A`` proper; else None. One batch only (the padding of
+    a batched ``A`` is inside every batch), not with a transposed tail."""
+    m, k = gemm.shape.m, gemm.shape.k
+    if gemm.rows is None or gemm.shape.batch != 1 or not supports_row_tail(kernel) \
+            or m % kernel.mr or not 0 < gemm.rows - (m - kernel.mr) < kernel.mr \
+            or (tail is not None and tail.run) or len(gemm.a_shape) < 2 \
+            or gemm.a_shape[-2:] != (m, k):
+        return None
+    return RowTail((m - kernel.mr) * k, gemm.rows - (m - kernel.mr))
 
 
 def schedule_block_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
