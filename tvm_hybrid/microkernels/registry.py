@@ -148,8 +148,7 @@ def tensor_intrin(kernel: Microkernel, k: int, block: tuple[int, int] | None = N
                          f"{tail.run} k per vector")
     if prefetch and not supports_prefetch(kernel, k):
         raise ValueError(f"{kernel.name}: no prefetching intrinsic")
-    if row_tail is not None and not (supports_row_tail(kernel) and 0 < row_tail.rows < kernel.mr
-                                     and not (tail is not None and tail.run)):
+    if row_tail is not None and not row_tail_fits(kernel, row_tail, tail):
         raise ValueError(f"{kernel.name}: no row tail of {row_tail.rows} rows")
     return _register(kernel, int(k), tuple(int(b) for b in block) if block else None, tail,
                      bool(prefetch), row_tail)
@@ -159,6 +158,13 @@ def supports_row_tail(kernel: Microkernel) -> bool:
     """Whether ``kernel`` has intrinsics for a last row tile of fewer rows (``tiles.RowTail``):
     a tile of the plain fp32 family."""
     return not kernel.per_block and family_of(kernel).tile_functions is plain_tile_functions
+
+
+def row_tail_fits(kernel: Microkernel, row_tail: RowTail, tail: Tail | None = None) -> bool:
+    """Whether ``kernel`` runs ``row_tail`` (beside the column ``tail``): a tile of the plain
+    fp32 family, fewer rows than the tile's, and no transposed column tail."""
+    return (supports_row_tail(kernel) and 0 < row_tail.rows < kernel.mr
+            and not (tail is not None and tail.run))
 
 
 def supports_prefetch(kernel: Microkernel, k: int) -> bool:
@@ -204,11 +210,9 @@ def _register(kernel: Microkernel, k: int, block: tuple[int, int] | None,
         name = (f"{kernel.name}_k{k}{tail.key if tail else ''}"
                 f"{row_tail.key if row_tail else ''}{'_p' if prefetch else ''}")
         # A family without tails takes (kernel, k) only (supports_tail).
-        if row_tail is not None:
+        if prefetch or row_tail is not None:
             desc, impl = family.tile_functions(kernel, k, tail, prefetch=prefetch,
                                                row_tail=row_tail)
-        elif prefetch:
-            desc, impl = family.tile_functions(kernel, k, tail, prefetch=True)
         elif tail is None:
             desc, impl = family.tile_functions(kernel, k)
         else:
@@ -256,8 +260,7 @@ def ensure_tensor_intrin(intrin_name: str) -> bool:
     if prefetch and (block is not None or not supports_prefetch(kernel, int(found.group(4)))):
         return False
     row_tail = RowTail(int(found.group(10)), int(found.group(9))) if found.group(9) else None
-    if row_tail is not None and (block is not None or not supports_row_tail(kernel)
-                                 or not 0 < row_tail.rows < kernel.mr or tail and tail.run):
+    if row_tail is not None and (block is not None or not row_tail_fits(kernel, row_tail, tail)):
         return False
     tensor_intrin(kernel, int(found.group(4)), block, tail, prefetch, row_tail)
     return True

@@ -357,9 +357,7 @@ def plain_tile_functions(kernel: Microkernel, kc: int, tail: Tail | None = None,
     sets = split_sets(kernel, kc)
     full = prefetching_fma(kernel, kc) if prefetch else broadcast_fma(kernel, kc, sets=sets)
     impl = _branch(tail, full, partial)
-    if row_tail is not None:
-        if tail is not None and tail.run:
-            raise ValueError(f"{kernel.name}: no row tail with a transposed tail")
+    if row_tail is not None:  # registry.row_tail_fits: no transposed tail beside it
         rows = row_tail.rows
         impl = _row_branch(row_tail, impl, _branch(
             tail, broadcast_fma(kernel, kc, sets=sets, rows=rows),

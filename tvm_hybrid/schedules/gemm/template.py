@@ -54,8 +54,8 @@ from tvm.target import Target
 from ...host import cache_sizes, target_features
 from ...microkernels import Microkernel, has_gemm_kernels, microkernel_by_name, tensor_intrin
 from ...microkernels.registry import (
+    row_tail_fits,
     supports_prefetch,
-    supports_row_tail,
     supports_tail,
     transposed_fits,
 )
@@ -329,13 +329,12 @@ def gemm_row_tail(gemm: GemmBlock, kernel: Microkernel, tail: Tail | None) -> Ro
     tiles (``heuristics.padded_rows``) and only the last row tile holds padding, that tile's
     offset in ``A`` and its rows of ``A`` proper; else None. One batch only (the padding of
     a batched ``A`` is inside every batch), not with a transposed tail."""
-    m, k = gemm.shape.m, gemm.shape.k
-    if gemm.rows is None or gemm.shape.batch != 1 or not supports_row_tail(kernel) \
-            or m % kernel.mr or not 0 < gemm.rows - (m - kernel.mr) < kernel.mr \
-            or (tail is not None and tail.run) or len(gemm.a_shape) < 2 \
+    m, k, last = gemm.shape.m, gemm.shape.k, gemm.shape.m - kernel.mr
+    if gemm.rows is None or gemm.shape.batch != 1 or m % kernel.mr \
             or gemm.a_shape[-2:] != (m, k):
         return None
-    return RowTail((m - kernel.mr) * k, gemm.rows - (m - kernel.mr))
+    row_tail = RowTail(last * k, gemm.rows - last)
+    return row_tail if row_tail_fits(kernel, row_tail, tail) else None
 
 
 def schedule_block_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
