@@ -148,7 +148,7 @@ def tensor_intrin(kernel: Microkernel, k: int, block: tuple[int, int] | None = N
                          f"{tail.run} k per vector")
     if prefetch and not supports_prefetch(kernel, k):
         raise ValueError(f"{kernel.name}: no prefetching intrinsic")
-    if row_tail is not None and not row_tail_fits(kernel, row_tail, tail):
+    if row_tail is not None and not row_tail_fits(kernel, row_tail):
         raise ValueError(f"{kernel.name}: no row tail of {row_tail.rows} rows")
     return _register(kernel, int(k), tuple(int(b) for b in block) if block else None, tail,
                      bool(prefetch), row_tail)
@@ -160,11 +160,10 @@ def supports_row_tail(kernel: Microkernel) -> bool:
     return not kernel.per_block and family_of(kernel).tile_functions is plain_tile_functions
 
 
-def row_tail_fits(kernel: Microkernel, row_tail: RowTail, tail: Tail | None = None) -> bool:
-    """Whether ``kernel`` runs ``row_tail`` (beside the column ``tail``): a tile of the plain
-    fp32 family, fewer rows than the tile's, and no transposed column tail."""
-    return (supports_row_tail(kernel) and 0 < row_tail.rows < kernel.mr
-            and not (tail is not None and tail.run))
+def row_tail_fits(kernel: Microkernel, row_tail: RowTail) -> bool:
+    """Whether ``kernel`` runs ``row_tail`` (beside any column tail, broadcast or transposed):
+    a tile of the plain fp32 family, fewer rows than the tile's."""
+    return supports_row_tail(kernel) and 0 < row_tail.rows < kernel.mr
 
 
 def supports_prefetch(kernel: Microkernel, k: int) -> bool:
@@ -260,7 +259,7 @@ def ensure_tensor_intrin(intrin_name: str) -> bool:
     if prefetch and (block is not None or not supports_prefetch(kernel, int(found.group(4)))):
         return False
     row_tail = RowTail(int(found.group(10)), int(found.group(9))) if found.group(9) else None
-    if row_tail is not None and (block is not None or not row_tail_fits(kernel, row_tail, tail)):
+    if row_tail is not None and (block is not None or not row_tail_fits(kernel, row_tail)):
         return False
     tensor_intrin(kernel, int(found.group(4)), block, tail, prefetch, row_tail)
     return True

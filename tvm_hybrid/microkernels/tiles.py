@@ -348,20 +348,22 @@ def plain_tile_functions(kernel: Microkernel, kc: int, tail: Tail | None = None,
     mr, nr, dtype = kernel.mr, kernel.nr, kernel.in_dtype
     buffers = ((mr, kc), (kc, nr), (1,), (dtype, dtype, dtype), (mr, nr))
     desc = reference_update(mr, nr, kc, dtype, lambda B, j, k: B[k, j], cast=False)
-    if tail is None:
-        partial = None
-    elif tail.run:
-        partial = transposed_dot(kernel, kc, tail.columns, tail.run, tail.per_column)
-    else:  # as many partial sums as the full panels: every column summed in the same order
-        partial = broadcast_fma(kernel, kc, tail.columns, sets=split_sets(kernel, kc))
     sets = split_sets(kernel, kc)
+
+    def partial(rows=None):  # the last panel's used columns, on the tile's first rows
+        if tail is None:
+            return None
+        if tail.run:
+            return transposed_dot(kernel, kc, tail.columns, tail.run, tail.per_column, rows)
+        # as many partial sums as the full panels: every column summed in the same order
+        return broadcast_fma(kernel, kc, tail.columns, sets=sets, rows=rows)
+
     full = prefetching_fma(kernel, kc) if prefetch else broadcast_fma(kernel, kc, sets=sets)
-    impl = _branch(tail, full, partial)
-    if row_tail is not None:  # registry.row_tail_fits: no transposed tail beside it
+    impl = _branch(tail, full, partial())
+    if row_tail is not None:
         rows = row_tail.rows
         impl = _row_branch(row_tail, impl, _branch(
-            tail, broadcast_fma(kernel, kc, sets=sets, rows=rows),
-            broadcast_fma(kernel, kc, tail.columns, sets=sets, rows=rows) if tail else None))
+            tail, broadcast_fma(kernel, kc, sets=sets, rows=rows), partial(rows)))
     return tile_function(*buffers, desc), tile_function(*buffers, impl)
 
 

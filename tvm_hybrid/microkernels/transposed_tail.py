@@ -23,10 +23,16 @@ nothing, and other widths are unchanged). The used columns ``[0, c)`` stay as th
 packed weights still hold the GEMM the IR describes in every column the consumer reads: a
 kernel that does not know the copy (the generic schedule, a record of another tile) computes
 the same kept columns, with other values in the dropped ones. The packing pass writes it
-(:func:`write_transposed_copy`) only where that panel is the GEMM's only one (``N`` under a
-panel): the dot products sum in another order than the broadcast update, and on a wider GEMM's
-last panel they would make columns of equal weights differ by rounding (onnx's light AlexNet,
-whose 1000 logits are equal to rounding, then lost 8 classes to the softmax). The GEMM block's
+(:func:`write_transposed_copy`) into the GEMM's last panel, the only one or the last of several,
+unless one of its used columns equals a column of the full panels
+(``passes/packed_gemm.tail_columns_distinct``): the dot products sum in another order than the
+broadcast update, and columns of equal weights would then differ by rounding (onnx's light
+AlexNet, whose weight columns are equal and 1000 logits 7.9e11, lost 8 classes to the softmax
+when its last panel ran transposed). On the last of several panels a column costs a full vector
+FMA per row and ``k`` broadcast, as much as a whole vector of columns; transposed, one FMA per
+``run`` ``k``: same process on a 2-core Emerald Rapids, 9 rounds, the GEMM alone, 197x97x333
+1.14x (94% of 197x96's GFLOP/s against 85%), 197x257x333 1.05x, the AVX2 code's 197x97x333
+1.12x; 197x96, 197x256 and 197x777 (9 columns: no copy) unchanged. The GEMM block's
 annotation (:data:`TRANSPOSED_TAIL`) says there is a copy; the template takes it when its tile
 has the vector width, and each call's ``K`` is the whole ``K`` or a multiple of the rotation's
 period (:func:`copy_period`: K blocks start where the rotation does).
@@ -172,12 +178,14 @@ def accumulator_sets(kernel: Microkernel, groups: int) -> int:
 
 
 def transposed_dot(kernel: Microkernel, kc: int, columns: int, run: int,
-                   per_column: bool = False):
+                   per_column: bool = False, rows: int | None = None):
     """The tail's body (a ``T.macro`` over ``A[mr, kc]``, ``B[kc, panel]`` and ``C[mr, nr]``):
     the broadcast update of the used columns for the ``kc % run`` last ``k``, then the copy's
     dot products over the whole groups of ``kc``, reduced into ``C[:, :spread]``. With
-    ``per_column`` the copy holds ``run`` ``k`` of one column per vector (module docstring)."""
-    mr, panel = kernel.mr, kernel.panel_width
+    ``per_column`` the copy holds ``run`` ``k`` of one column per vector (module docstring).
+    ``rows``: only the tile's first ``rows`` rows (a last row tile, ``tiles.RowTail``), each
+    summed in the same order as a full tile's rows (the full tile's partial sums)."""
+    mr, panel = rows or kernel.mr, kernel.panel_width
     spread = spread_of(columns)
     width = run if per_column else spread * run
     vectors = columns if per_column else 1  # accumulators per row and set

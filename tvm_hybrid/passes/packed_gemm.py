@@ -103,20 +103,39 @@ def packed_gemm(x: te.Tensor, packed: te.Tensor, n: int, acc_dtype: str, out_dty
                       name="compensate")
 
 
-def transposed_copy(target: Target, in_dtype: str, packed: np.ndarray, n: int,
+def transposed_copy(target: Target, in_dtype: str, packed: np.ndarray, weight: np.ndarray,
                     rows: int = 1) -> tuple[int, int, bool] | None:
-    """``(width, run, per_column)`` of the transposed copy of the one panel's used columns to
-    write into fp32 ``packed`` weights of ``n`` columns (``microkernels/transposed_tail.py``),
-    on the vectors of ``target``'s fp32 tiles; None when the panel is full, has no room, or is
-    not the only one (the copy sums in another order than the full panels' broadcast update,
-    and a model whose columns are equal must give equal columns). ``rows``: of the tile
-    expected to run it (a per-column copy needs an accumulator per row and column)."""
+    """``(width, run, per_column)`` of the transposed copy of the last panel's used columns to
+    write into fp32 ``packed`` weights (of ``weight[K, N]``; ``microkernels/transposed_tail.py``),
+    on the vectors of ``target``'s fp32 tiles; None when the panel is full or has no room, or
+    when one of its used columns equals a column of the full panels (the copy sums in another
+    order than their broadcast update, and columns of equal weights must give equal outputs:
+    :func:`tail_columns_distinct`). ``rows``: of the tile expected to run it (a per-column
+    copy needs an accumulator per row and column)."""
     family = best_vector_family(target, in_dtype)
-    if in_dtype != "float32" or packed.ndim != 3 or family is None or packed.shape[0] != 1 \
-            or n >= packed.shape[2]:
+    if in_dtype != "float32" or packed.ndim != 3 or family is None:
         return None
-    return transposed_layout(family.first.lanes, packed.shape[2], n, rows,
-                             family.first.num_registers)
+    panels, _, panel = packed.shape
+    n = weight.shape[1]
+    used = n - (panels - 1) * panel
+    if not 0 < used < panel or not tail_columns_distinct(weight, used):
+        return None
+    return transposed_layout(family.first.lanes, panel, used, rows, family.first.num_registers)
+
+
+def tail_columns_distinct(weight: np.ndarray, used: int) -> bool:
+    """Whether none of the ``used`` last columns of ``weight[K, N]`` equals one of the others
+    (element for element; ``-0.0`` equals ``0.0``). A last panel's columns summed as dot
+    products differ by rounding from the full panels' broadcast update: onnx's light AlexNet
+    and ZFNet, whose weight columns are equal, then gave 1000 logits that differ by rounding
+    instead of equal ones, and their softmax lost 8 classes. Columns of other weights differ
+    in their results anyway."""
+    others = weight[:, : weight.shape[1] - used]
+    for column in weight[:, weight.shape[1] - used:].T:
+        candidates = others[:, others[0] == column[0]]  # the first row rules out most
+        if candidates.size and bool((candidates == column[:, None]).all(axis=0).any()):
+            return False
+    return True
 
 
 def emit_packed_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
@@ -168,7 +187,7 @@ def emit_packed_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
     elif pad or extra_rows:  # zero rows of x give rows the kernel slices off
         x = builder.emit(relax.op.nn.pad(x, [0, 0] * (x.ty.ndim - 2) + [0, extra_rows, 0, pad]))
     packed = pack_weight(weight, panel, group, weight_dtype)
-    copy = transposed_copy(target, in_dtype, packed, n, kernel.mr)
+    copy = transposed_copy(target, in_dtype, packed, weight, kernel.mr)
     if copy is not None:
         write_transposed_copy(packed, weight, *copy)
     packed = relax.const(packed)

@@ -33,9 +33,9 @@ drops the packing's padded columns. ``space.py`` is the knob space a tuner searc
 ``M`` to whole rows of a better tile, ``heuristics.padded_rows``). The padded columns cost no
 FMAs: where the consumer keeps fewer than ``N`` (``analysis.used_columns``), the microkernel
 branches on the last panel and updates only the vectors covering its used columns
-(:func:`gemm_tail`; a 197 x 97 GEMM on 32-column panels computes 100 columns, not 128). A GEMM
-of a few columns (``N`` under a panel) whose packed weights hold them transposed runs dot
-products along ``K`` instead (``microkernels/transposed_tail.py``). Likewise the padded rows
+(:func:`gemm_tail`; a 197 x 97 GEMM on 32-column panels computes 100 columns, not 128). A last
+panel of a few columns whose packed weights hold them transposed runs dot products along ``K``
+instead (``microkernels/transposed_tail.py``). Likewise the padded rows
 cost no loads: where only the last row tile holds padding, its microkernel branches on ``A``'s
 offset and updates only the rows ``x`` has (:func:`gemm_row_tail`), the tile loop says so
 (:data:`ROWS_READ`), and ``passes/row_padding.py`` then drops the copy that padded ``x``.
@@ -266,7 +266,7 @@ def tensorize_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
     tail = gemm_tail(gemm, kernel, knobs.k_block)
     k = knobs.k_block or gemm.shape.k
     prefetch = prefetches_next(gemm, kernel, k)
-    row_tail = gemm_row_tail(gemm, kernel, tail)
+    row_tail = gemm_row_tail(gemm, kernel)
     sch.tensorize(ii, tensor_intrin(kernel, k, tail=tail, prefetch=prefetch, row_tail=row_tail))
     if stack_accumulator(kernel, knobs.k_block):
         keep_accumulator_on_stack(sch, tile)
@@ -324,17 +324,17 @@ def gemm_tail(gemm: GemmBlock, kernel: Microkernel, k_block: int = 0) -> Tail | 
     return tail
 
 
-def gemm_row_tail(gemm: GemmBlock, kernel: Microkernel, tail: Tail | None) -> RowTail | None:
+def gemm_row_tail(gemm: GemmBlock, kernel: Microkernel) -> RowTail | None:
     """The microkernel's row tail for ``gemm``: where ``A`` was padded with zero rows to whole
     tiles (``heuristics.padded_rows``) and only the last row tile holds padding, that tile's
     offset in ``A`` and its rows of ``A`` proper; else None. One batch only (the padding of
-    a batched ``A`` is inside every batch), not with a transposed tail."""
+    a batched ``A`` is inside every batch)."""
     m, k, last = gemm.shape.m, gemm.shape.k, gemm.shape.m - kernel.mr
     if gemm.rows is None or gemm.shape.batch != 1 or m % kernel.mr \
             or gemm.a_shape[-2:] != (m, k):
         return None
     row_tail = RowTail(last * k, gemm.rows - last)
-    return row_tail if row_tail_fits(kernel, row_tail, tail) else None
+    return row_tail if row_tail_fits(kernel, row_tail) else None
 
 
 def schedule_block_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
