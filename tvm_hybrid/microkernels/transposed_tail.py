@@ -31,8 +31,10 @@ AlexNet, whose weight columns are equal and 1000 logits 7.9e11, lost 8 classes t
 when its last panel ran transposed). On the last of several panels a column costs a full vector
 FMA per row and ``k`` broadcast, as much as a whole vector of columns; transposed, one FMA per
 ``run`` ``k``: same process on a 2-core Emerald Rapids, 9 rounds, the GEMM alone, 197x97x333
-1.14x (94% of 197x96's GFLOP/s against 85%), 197x257x333 1.05x, the AVX2 code's 197x97x333
-1.12x; 197x96, 197x256 and 197x777 (9 columns: no copy) unchanged. The GEMM block's
+1.14x (94% of 197x96's GFLOP/s against 85%), 197x257x333 1.05x, 8 columns on 2 ``k`` per
+vector beside 8-12-row tiles (200x40x384, 64x40x384, 400x72x384, 960x40x32) 1.08-1.17x, the AVX2
+code's 197x97x333 1.12x and 400x75x384 1.14x; 197x96, 197x256 and 197x777 (9 columns: no copy)
+unchanged. The GEMM block's
 annotation (:data:`TRANSPOSED_TAIL`) says there is a copy; the template takes it when its tile
 has the vector width, and each call's ``K`` is the whole ``K`` or a multiple of the rotation's
 period (:func:`copy_period`: K blocks start where the rotation does).
