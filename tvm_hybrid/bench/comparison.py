@@ -142,14 +142,18 @@ def time_interleaved(runners: dict, inputs: dict[str, np.ndarray], *, rounds: in
 
     Interleaving spreads the machine's slow and fast moments over every runner alike. A
     round repeats a call until it lasts ``min_round_ms``; a slow runner gets fewer rounds so
-    that it takes about ``max_seconds_per_peer``.
+    that it takes about ``max_seconds_per_peer``. Rounds are sized from warm calls, repeated
+    for a quarter of ``min_round_ms`` after a first one: a first call carries one-time costs
+    (hybrid's creates its VM, ~30 ms), and sized from it, hybrid's rounds of a 197x7x333 GEMM
+    were one call each, right after the other runtimes' rounds (its thread pool asleep): 92 us
+    a call, against 17 us in rounds of 20 ms (same process, 2-core Emerald Rapids; ONNX
+    Runtime 26 and 25 us, OpenVINO 132 and 113 us).
     """
     samples: dict[str, list[float]] = {peer: [] for peer in runners}
     calls: dict[str, int] = {}
     for peer, runner in runners.items():  # warm up and size each peer's round
-        start = time.perf_counter()
         runner(inputs)
-        once_ms = (time.perf_counter() - start) * 1e3
+        once_ms = _warm_call_ms(runner, inputs, min_round_ms / 4)
         calls[peer] = max(1, int(min_round_ms / max(once_ms, 1e-3)))
         samples[peer].append(once_ms)
     budget_rounds = {
@@ -167,6 +171,17 @@ def time_interleaved(runners: dict, inputs: dict[str, np.ndarray], *, rounds: in
                 runner(inputs)
             samples[peer].append((time.perf_counter() - start) * 1e3 / calls[peer])
     return samples
+
+
+def _warm_call_ms(runner, inputs: dict, budget_ms: float) -> float:
+    """Mean ms of ``runner``'s calls repeated for about ``budget_ms`` (at least one call)."""
+    start, calls = time.perf_counter(), 0
+    while True:
+        runner(inputs)
+        calls += 1
+        elapsed_ms = (time.perf_counter() - start) * 1e3
+        if elapsed_ms >= budget_ms:
+            return elapsed_ms / calls
 
 
 def _agreement(outputs, reference, rtol, atol) -> tuple[float, bool]:
