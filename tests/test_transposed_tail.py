@@ -21,7 +21,7 @@ from tvm import te
 import tvm_hybrid
 from tvm_hybrid.bench import workloads
 from tvm_hybrid.microkernels import ensure_tensor_intrin, microkernel_by_name, tensor_intrin
-from tvm_hybrid.microkernels.tiles import Tail, split_sets
+from tvm_hybrid.microkernels.tiles import RowTail, Tail, split_sets
 from tvm_hybrid.microkernels.transposed_tail import (
     accumulator_sets,
     copy_period,
@@ -363,6 +363,11 @@ def test_transposed_intrinsic_names_round_trip():
     assert name == "hybrid_gemm_avx512_float32_1x32_k333_t8at0d16c"
     assert ensure_tensor_intrin(name)
     assert not ensure_tensor_intrin("hybrid_gemm_avx512_float32_11x32_k333_t8at0d16c")
+    # beside a row tail (the last row tile's 10 rows of 11), with the prefetch of the full panels
+    name = tensor_intrin(ZMM_11x32, 333, tail=Tail(31968, 1, 16), prefetch=True,
+                         row_tail=RowTail(186 * 333, 10))
+    assert name == "hybrid_gemm_avx512_float32_11x32_k333_t1at31968d16_r10at61938_p"
+    assert ensure_tensor_intrin(name)
 
 
 @pytest.mark.parametrize("m,n,k", [(1, 1000, 4096), (197, 97, 333), (3, 40, 1000),
