@@ -176,18 +176,33 @@ def test_the_last_of_several_panels_runs_transposed(target, n, detail):
     assert "pad" not in " ".join(model.kernels), list(model.kernels)
 
 
+def _gemm_with_weights(m: int, w: np.ndarray):
+    """``workloads.gemm(m, N, K)``'s model with the weights ``w[K, N]``."""
+    proto = workloads.gemm(m, w.shape[1], w.shape[0]).model
+    proto.graph.initializer[0].CopyFrom(numpy_helper.from_array(w, proto.graph.initializer[0].name))
+    return proto
+
+
+def _last_column_as_sixth(rng) -> np.ndarray:
+    """333 x 97 weights whose last column (the last panel's only one) equals column 5."""
+    w = rng.standard_normal((333, 97)).astype("float32")
+    w[:, 96] = w[:, 5]
+    return w
+
+
 @pytest.mark.parametrize("target", [ZNVER4, HASWELL], ids=["znver4", "haswell"])
 def test_a_last_panel_column_equal_to_another_keeps_the_broadcast(target, rng):
     """Weights whose last panel's column equals a full panel's column (element for element):
     no copy, so the two output columns are summed in the same order."""
-    proto = workloads.gemm(197, 97, 333).model
-    w = numpy_helper.to_array(proto.graph.initializer[0]).copy()
-    w[:, 96] = w[:, 5]
-    proto.graph.initializer[0].CopyFrom(numpy_helper.from_array(w, proto.graph.initializer[0].name))
-    details = _details(tvm_hybrid.compile(proto, target))
+    details = _details(tvm_hybrid.compile(_gemm_with_weights(197, _last_column_as_sixth(rng)),
+                                          target))
     assert any("last panel 1 of" in d for d in details), details
     assert not any("transposed" in d for d in details), details
-    model = tvm_hybrid.compile(proto)  # the host's code
+
+
+def test_a_last_panel_column_equal_to_another_gives_an_equal_output_column(rng):
+    """...and the host's code gives the two output columns bit-equal."""
+    model = tvm_hybrid.compile(_gemm_with_weights(197, _last_column_as_sixth(rng)))
     got = np.asarray(model(rng.standard_normal((197, 333)).astype("float32")))
     np.testing.assert_array_equal(got[:, 96], got[:, 5])
 
@@ -379,9 +394,7 @@ def test_equal_weight_columns_give_equal_output_columns(m, n, k, rng):
     classifier logits of 7.9e11 equal to rounding; summed in two orders they differed by 7e6,
     and the softmax put 0 on the last panel's 8 classes.)"""
     w = np.repeat(rng.standard_normal((k, 1)).astype("float32"), n, axis=1)
-    proto = workloads.gemm(m, n, k).model
-    proto.graph.initializer[0].CopyFrom(numpy_helper.from_array(w, proto.graph.initializer[0].name))
-    model = tvm_hybrid.compile(proto)
+    model = tvm_hybrid.compile(_gemm_with_weights(m, w))
     x = rng.standard_normal((m, k)).astype("float32")
     got = np.asarray(model(x))
     np.testing.assert_array_equal(got, np.repeat(got[:, :1], n, axis=1))

@@ -125,11 +125,10 @@ def transposed_copy(target: Target, in_dtype: str, packed: np.ndarray, weight: n
 
 def tail_columns_distinct(weight: np.ndarray, used: int) -> bool:
     """Whether none of the ``used`` last columns of ``weight[K, N]`` equals one of the others
-    (element for element; ``-0.0`` equals ``0.0``). A last panel's columns summed as dot
-    products differ by rounding from the full panels' broadcast update: onnx's light AlexNet
-    and ZFNet, whose weight columns are equal, then gave 1000 logits that differ by rounding
-    instead of equal ones, and their softmax lost 8 classes. Columns of other weights differ
-    in their results anyway."""
+    (element for element; ``-0.0`` equals ``0.0``): only then may the last panel sum its
+    columns in another order than the full panels (``microkernels/transposed_tail.py``: onnx's
+    light AlexNet and ZFNet have equal columns). Columns of other weights differ in their
+    results anyway."""
     others = weight[:, : weight.shape[1] - used]
     for column in weight[:, weight.shape[1] - used:].T:
         candidates = others[:, others[0] == column[0]]  # the first row rules out most
