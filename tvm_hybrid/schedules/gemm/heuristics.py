@@ -140,6 +140,15 @@ _NARROW_PAD_DTYPES = ("float32", "uint8", "int16")
 _PAD_MIN_M = 16
 _PAD_FEW_ROWS_MIN_L2S = 0.75
 _PAD_MIN_FEW_ROWS = 3
+# A per-block (AMX) kernel needs whole 32-row tiles; with M padded to them it runs this many
+# times as fast as the vector family's tiles on the rows it keeps, so M is padded for it
+# where M * speedup >= M padded (_block_padding). Same-process A/B on a 2-core Emerald Rapids,
+# M x 768 x 768 unless said, the padding kernel included, outputs bit-exact (int8) and within
+# 7e-7 of the output scale (bf16) of the vector tiles': u8 x s8 M = 10, 12: 0.73x, 0.82x
+# (not padded); 16: 1.04x (16 x 3072 x 768 1.41x); 17-50: 1.56-1.61x; 97-777: 1.85-2.75x
+# (197 x 3072 x 768 2.28x, 197 x 768 x 3072 2.63x). bf16 (vdpbf16ps tiles) M = 1, 3: 0.57x,
+# 0.89x (not padded); 7: 1.84x (7 x 3072 x 768 1.68x); 12-20: 2.96-4.88x; 97-777: 6.2-8.2x.
+_BLOCK_PAD_SPEEDUP = {"uint8": 2.0, "bfloat16": 6.0}
 #: Bytes of a row of ``A`` per ``K`` block (rule 3): 256 fp32, 512 bf16, 1024 int8. One ``K``
 #: block of a 24- or 32-column ``B`` panel is then 24-32 KiB (fp32), about L1.
 _K_BLOCK_BYTES = 1024
@@ -249,9 +258,11 @@ def padded_rows(target: Target, in_dtype: str, shape: GemmShape,
 
     A GEMM whose ``M`` no good tile divides (197 tokens, a prime batch) would run on a thin
     tile; the packing passes can pad ``x`` with zero rows instead (sliced off in the kernel,
-    like the padded columns). Padding is chosen when the best tile's throughput, scaled by the
-    useful fraction ``M / (M + pad)`` (and by its useful columns, :func:`padded_throughput`),
-    beats the best exact tile by :data:`_PAD_GAIN`, and only
+    like the padded columns). A per-block (AMX) kernel comes first: ``M`` is padded to its
+    32-row tiles where it then takes the GEMM and the kept rows pay for the others
+    (:func:`_block_padding`). Otherwise padding is chosen when the best tile's throughput,
+    scaled by the useful fraction ``M / (M + pad)`` (and by its useful columns,
+    :func:`padded_throughput`), beats the best exact tile by :data:`_PAD_GAIN`, and only
     for ``N >= ``:data:`_PAD_MIN_N` (the padded copy of ``x`` is paid once per ``N``), or for
     a narrower ``N`` whose exact tile is thin and starved (:func:`_narrow_starved`); under
     :data:`_PAD_MIN_M` rows, only where each of ``threads`` (:func:`target_threads` by default)
@@ -268,6 +279,9 @@ def padded_rows(target: Target, in_dtype: str, shape: GemmShape,
     """
     if shape.m < _PAD_MIN_FEW_ROWS:
         return 0
+    blocked = _block_padding(target, in_dtype, shape)
+    if blocked:
+        return blocked
     if shape.n < _PAD_MIN_N and (in_dtype not in _NARROW_PAD_DTYPES
                                  or not _narrow_starved(target, in_dtype, shape)):
         return 0
@@ -301,6 +315,25 @@ def padded_rows(target: Target, in_dtype: str, shape: GemmShape,
     return _best_padding(shape, [k for k in kernels if not l1_aliased(k, shape)], balanced,
                          useful(exact[0]) * _PAD_GAIN * thread_balance(
                              shape, exact[0], caches, threads))
+
+
+def _block_padding(target: Target, in_dtype: str, shape: GemmShape) -> int:
+    """Zero rows that let a per-block (AMX) kernel of ``target`` take ``shape`` (0: none, or
+    it takes ``shape`` as it is): where the padded shape's best kernel is per-block (``N`` and
+    ``K`` whole tiles) and the rows kept pay for the padded ones
+    (:data:`_BLOCK_PAD_SPEEDUP`)."""
+    speedup = _BLOCK_PAD_SPEEDUP.get(in_dtype)
+    if speedup is None:
+        return 0
+    for kernel in microkernels_for(target, in_dtype):
+        pad = -shape.m % kernel.mr
+        if not kernel.per_block or not pad or shape.m * speedup < shape.m + pad:
+            continue
+        best = select(target, in_dtype, dataclasses.replace(shape, m=shape.m + pad),
+                      packing=True)
+        if best and best[0] == kernel:
+            return pad
+    return 0
 
 
 def _narrow_starved(target: Target, in_dtype: str, shape: GemmShape) -> bool:
