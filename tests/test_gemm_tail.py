@@ -145,8 +145,9 @@ def test_integer_tails_are_exact():
 
 def test_bf16_tails_match_fp32():
     """precision="bf16" (the dot product, or the widening kernel without it) on a partly used
-    last panel: within the bf16 tolerance of the fp32 result."""
-    wl = workloads.gemm(33, 97, 256)
+    last panel: within the bf16 tolerance of the fp32 result. (K = 250, not whole AMX tile
+    steps: the vector tiles on AMX hosts too.)"""
+    wl = workloads.gemm(33, 97, 250)
     model = tvm_hybrid.compile(wl.model, precision="bf16")
     details = [info.detail for info in model.kernels.values()]
     assert any("last panel" in d for d in details), details

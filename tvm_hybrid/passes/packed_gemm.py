@@ -32,7 +32,7 @@ from ..microkernels.transposed_tail import (
     transposed_layout,
     write_transposed_copy,
 )
-from ..schedules.gemm.heuristics import GemmShape, packing_kernel, padded_rows
+from ..schedules.gemm.heuristics import GemmShape, packing_kernel, padded_nk, padded_rows
 
 #: Part of every packed GEMM's kernel name (the fusion patterns' anchor).
 PACKED_GEMM = "packed_matmul"
@@ -45,12 +45,16 @@ KERNEL_NAMES = {
 }
 
 
-def pack_weight(weight: np.ndarray, panel: int, group: int = 1, dtype=None) -> np.ndarray:
+def pack_weight(weight: np.ndarray, panel: int, group: int = 1, dtype=None,
+                padded: tuple[int, int] | None = None) -> np.ndarray:
     """``W[K, N]`` to ``W_packed[ceil(N / panel), ceil(K / group), panel, group]`` in ``dtype``
-    (``[ceil(N / panel), K, panel]`` when ``group`` is 1); ``K`` and ``N`` zero-padded."""
+    (``[ceil(N / panel), K, panel]`` when ``group`` is 1); ``K`` and ``N`` zero-padded, to
+    ``padded = (N, K)`` when given (whole tiles of a per-block kernel: ``heuristics.padded_nk``)."""
     dtype = weight.dtype if dtype is None else dtype
     k, n = weight.shape
     k_pad, n_pad = -(-k // group) * group, -(-n // panel) * panel
+    if padded is not None:
+        n_pad, k_pad = padded
     padded = np.zeros((k_pad, n_pad), dtype)
     padded[:k, :n] = weight.astype(dtype)
     if group == 1:
@@ -174,18 +178,19 @@ def emit_packed_gemm(builder: relax.BlockBuilder, target: Target, x: relax.Expr,
         if pad_rows or row_padder else 0
     kernel = packing_kernel(target, in_dtype, m + extra_rows, n, k)
     if kernel is not None and row_padder is not None and extra_rows \
-            and -k % kernel.weight_layout[1]:
+            and padded_nk(kernel, n, k)[1] != k:
         # K needs a padding op too, which would follow the padder's kernel: keep the rows
         extra_rows, kernel = 0, packing_kernel(target, in_dtype, m, n, k)
     if kernel is None:
         return None
     panel, group = kernel.weight_layout
-    pad = -k % group  # zero columns of x times zero rows of W add nothing
+    n_padded, k_padded = padded_nk(kernel, n, k)
+    pad = k_padded - k  # zero columns of x times zero rows of W add nothing
     if row_padder is not None and extra_rows:
         x = row_padder(extra_rows)
     elif pad or extra_rows:  # zero rows of x give rows the kernel slices off
         x = builder.emit(relax.op.nn.pad(x, [0, 0] * (x.ty.ndim - 2) + [0, extra_rows, 0, pad]))
-    packed = pack_weight(weight, panel, group, weight_dtype)
+    packed = pack_weight(weight, panel, group, weight_dtype, (n_padded, k_padded))
     copy = transposed_copy(target, in_dtype, packed, weight, kernel.mr)
     if copy is not None:
         write_transposed_copy(packed, weight, *copy)

@@ -32,10 +32,10 @@ The model, in the spirit of the oneDNN Graph Compiler's:
    core: 49 x 4 rows have less traffic than 7 x 4; 268 us against 133 us for 192 rows, on a
    Zen 3.) Constraint: the ``A`` block plus one ``B`` panel fit in half of L2,
    ``(mb * mr + nr) * K * 4 <= L2 / 2``, so ``A`` is read from L2, not memory, for every
-   ``N`` tile. A per-block (AMX) kernel's block accumulates in
-   memory, so its accumulators are also kept to an eighth of L2
-   (:data:`_BLOCK_ACCUMULATOR_L2_SHARE`). Where ``B`` fits half of L2 (its re-reads hit the
-   cache) and blocks are cheap (an accumulator on the stack), blocks that keep 90% of the
+   ``N`` tile. A per-block (AMX) kernel's block accumulates in memory, so its accumulators
+   are also kept to an eighth of L2, or a third of L1 for GEMMs whose ``B`` smaller blocks
+   can re-read (:func:`block_accumulator_bytes`). Where ``B`` fits half of L2 (its re-reads
+   hit the cache) and blocks are cheap (an accumulator on the stack), blocks that keep 90% of the
    threads busy come first, then the cost (:func:`_busy_threads_first`): 197 one-row tiles
    of a narrow ``N``, a prime, would otherwise make one block on one core.
 3. **K blocks.** Where that constraint leaves one row tile per block (``K`` large) although
@@ -112,6 +112,15 @@ _A_IN_L2_TRAFFIC = 0.25
 # int8 1024^3 on a 2-core Emerald Rapids (2 MB L2): 512 x 1024 blocks (2 MB of int32) 0.755 ms;
 # blocks of 64 KB to 512 KB 0.58-0.62 ms (the tuner's 40 trials).
 _BLOCK_ACCUMULATOR_L2_SHARE = 1 / 8
+# ...and to this share of L1 where B read once per 32-row tile is at most _BLOCK_REREADS_L2S
+# L2s (block_accumulator_bytes): there the accumulators' passes (zeroed, loaded and stored per
+# K block, read by the epilogue) cost more than the re-reads of B that smaller blocks add.
+# Same process, 2-core Emerald Rapids, 3 rounds, 16 KB blocks against L2 / 8: int8 256x768x64
+# 2.06x, 256x768x256 1.40x, 224x768x512 1.25x, 224x768x768 1.12-1.16x; bf16 256x768x64 1.83x,
+# 256x768x256 1.35x, 3136x64x64 1.25x. Larger GEMMs keep L2 / 8: int8 1024x1024x512 0.91x,
+# 1024^3 0.91-0.94x, bf16 1024^3 0.93x, 1024x3072x768 0.67x with 16 KB blocks.
+_BLOCK_ACCUMULATOR_L1_SHARE = 1 / 3
+_BLOCK_REREADS_L2S = 4
 # Padding M must gain this much throughput over the best exact tile (it costs a copy of x).
 _PAD_GAIN = 1.25
 # ...and is only worth that copy for this many output columns or more, or for fewer where the
@@ -208,7 +217,8 @@ def select(target: Target, in_dtype: str, shape: GemmShape, *, panel: int | None
     The one place a GEMM's kernel, hence its weight layout, is chosen: by the prepacking passes
     (``packing=True``: ``N`` and ``K`` will be padded to the kernel's layout, so only ``mr``
     must divide ``M``), by the template and by the tuner (``panel``: the width the weights were
-    packed with). Per-block kernels (AMX) need whole tiles of the unpadded shape either way.
+    packed with). A per-block (AMX) kernel's padding is to whole tiles (:func:`padded_nk`),
+    taken where the kept share pays for it (:func:`block_padding_pays`).
     """
     out = []
     for kernel in microkernels_for(target, in_dtype):
@@ -216,9 +226,11 @@ def select(target: Target, in_dtype: str, shape: GemmShape, *, panel: int | None
             continue
         if shape.m % kernel.mr:
             continue
-        whole = shape.n % kernel.nr == 0 and shape.k % kernel.k_granule == 0
-        if (kernel.per_block or not packing) and not whole:
-            continue
+        whole_k = shape.k % kernel.k_granule == 0
+        if shape.n % kernel.nr or not whole_k:
+            if not packing or kernel.per_block and not (
+                    whole_k and block_padding_pays(kernel, shape)):
+                continue
         if not kernel.takes_columns(shape.n):
             continue
         out.append(kernel)
@@ -227,6 +239,30 @@ def select(target: Target, in_dtype: str, shape: GemmShape, *, panel: int | None
         return sorted(out, key=lambda k: (not l1_aliased(k, shape), padded_throughput(k, shape.n),
                                           kernel_score(k)), reverse=True)
     return sorted(out, key=lambda k: (not l1_aliased(k, shape), *kernel_score(k)), reverse=True)
+
+
+def padded_nk(kernel: Microkernel, n: int, k: int) -> tuple[int, int]:
+    """``(N, K)`` as the packing pads them for ``kernel``: ``N`` to whole panels (a per-block
+    kernel's: whole tiles, :func:`block_padding_pays`), ``K`` to whole ``K`` groups (``x``
+    padded with zero columns too; a per-block kernel takes whole tile steps only)."""
+    columns = kernel.nr if kernel.per_block else kernel.panel_width
+    return -(-n // columns) * columns, -(-k // kernel.k_step) * kernel.k_step
+
+
+def block_padding_pays(kernel: Microkernel, shape: GemmShape, rows: int | None = None) -> bool:
+    """Whether a per-block (AMX) ``kernel`` takes ``shape`` with ``M`` padded to ``rows`` rows
+    (``M`` by default) and ``N`` to whole tiles (:func:`padded_nk`): where its speed on the
+    work kept (:data:`_BLOCK_PAD_SPEEDUP`) pays for the padded share of the work. ``K`` is
+    not padded: AMX on small ``K`` is bound by its accumulators' traffic, not its products
+    (u8 x s8 256x768x40 on 64-deep tiles ran 0.85x VNNI's time, bf16 3136x16x16 on 32x32
+    tiles 0.81x, 2-core Emerald Rapids).
+
+    Same process there, bit-exact (int8), ``N`` padded against the vector tiles: u8 x s8
+    64x48x768 1.56x, 256x40x768 1.98x, 197x1000x768 2.43x, 64x16x768 1.03x; bf16 64x40x128
+    1.53x, 256x1000x128 5.86x."""
+    n, _ = padded_nk(kernel, shape.n, shape.k)
+    kept = shape.m * shape.n * _BLOCK_PAD_SPEEDUP.get(kernel.in_dtype, 0.0)
+    return kept >= (rows or shape.m) * n
 
 
 def l1_aliased(kernel: Microkernel, shape: GemmShape) -> bool:
@@ -319,15 +355,13 @@ def padded_rows(target: Target, in_dtype: str, shape: GemmShape,
 
 def _block_padding(target: Target, in_dtype: str, shape: GemmShape) -> int:
     """Zero rows that let a per-block (AMX) kernel of ``target`` take ``shape`` (0: none, or
-    it takes ``shape`` as it is): where the padded shape's best kernel is per-block (``N`` and
-    ``K`` whole tiles) and the rows kept pay for the padded ones
-    (:data:`_BLOCK_PAD_SPEEDUP`)."""
-    speedup = _BLOCK_PAD_SPEEDUP.get(in_dtype)
-    if speedup is None:
-        return 0
+    it takes ``shape`` as it is): where the padded shape's best kernel is per-block and the
+    work kept pays for the padded work (:func:`block_padding_pays`, ``N`` and ``K`` padded to
+    its tiles too)."""
     for kernel in microkernels_for(target, in_dtype):
         pad = -shape.m % kernel.mr
-        if not kernel.per_block or not pad or shape.m * speedup < shape.m + pad:
+        if not kernel.per_block or not pad or not block_padding_pays(kernel, shape,
+                                                                     shape.m + pad):
             continue
         best = select(target, in_dtype, dataclasses.replace(shape, m=shape.m + pad),
                       packing=True)
@@ -460,7 +494,7 @@ def choose_blocks(shape: GemmShape, kernel: Microkernel, caches: CacheSizes,
             continue
         for nb in _divisors(n_tiles):
             if (kernel.per_block and (mb, nb) != (1, 1) and mb * kernel.mr * nb * kernel.nr * 4
-                    > caches.l2 * _BLOCK_ACCUMULATOR_L2_SHARE):
+                    > block_accumulator_bytes(shape, kernel, caches)):
                 continue
             blocks = shape.batch * (m_tiles // mb) * (n_tiles // nb)
             balance = _balance(blocks, threads)
@@ -475,6 +509,17 @@ def choose_blocks(shape: GemmShape, kernel: Microkernel, caches: CacheSizes,
             and _busy_threads_first(shape, kernel, caches, threads):
         return busy
     return best
+
+
+def block_accumulator_bytes(shape: GemmShape, kernel: Microkernel, caches: CacheSizes) -> int:
+    """The most accumulator bytes a block of a per-block (AMX) ``kernel`` may hold (rule 2):
+    a third of L1 where ``B`` read once per row tile of ``kernel`` (blocks that small re-read
+    it that often) is at most :data:`_BLOCK_REREADS_L2S` L2s, else an eighth of L2."""
+    rereads = shape.batch * shape.m // kernel.mr * shape.k * shape.n \
+        * _INPUT_BYTES.get(kernel.in_dtype, 4)
+    if rereads <= _BLOCK_REREADS_L2S * caches.l2:
+        return int(caches.l1d * _BLOCK_ACCUMULATOR_L1_SHARE)
+    return int(caches.l2 * _BLOCK_ACCUMULATOR_L2_SHARE)
 
 
 def _busy_threads_first(shape: GemmShape, kernel: Microkernel, caches: CacheSizes,
