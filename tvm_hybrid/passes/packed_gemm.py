@@ -52,16 +52,13 @@ def pack_weight(weight: np.ndarray, panel: int, group: int = 1, dtype=None,
     ``padded = (N, K)`` when given (whole tiles of a per-block kernel: ``heuristics.padded_nk``)."""
     dtype = weight.dtype if dtype is None else dtype
     k, n = weight.shape
-    k_pad, n_pad = -(-k // group) * group, -(-n // panel) * panel
-    if padded is not None:
-        n_pad, k_pad = padded
-    padded = np.zeros((k_pad, n_pad), dtype)
-    padded[:k, :n] = weight.astype(dtype)
+    n_pad, k_pad = padded or (-(-n // panel) * panel, -(-k // group) * group)
+    full = np.zeros((k_pad, n_pad), dtype)
+    full[:k, :n] = weight.astype(dtype)
     if group == 1:
-        return np.ascontiguousarray(padded.reshape(k, n_pad // panel, panel).transpose(1, 0, 2))
+        return np.ascontiguousarray(full.reshape(k_pad, n_pad // panel, panel).transpose(1, 0, 2))
     return np.ascontiguousarray(
-        padded.reshape(k_pad // group, group, n_pad // panel, panel).transpose(2, 0, 3, 1))
-
+        full.reshape(k_pad // group, group, n_pad // panel, panel).transpose(2, 0, 3, 1))
 
 def packed_gemm(x: te.Tensor, packed: te.Tensor, n: int, acc_dtype: str, out_dtype: str,
                 compensation: te.Tensor | None = None,

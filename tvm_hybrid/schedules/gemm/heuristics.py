@@ -228,8 +228,9 @@ def select(target: Target, in_dtype: str, shape: GemmShape, *, panel: int | None
             continue
         whole_k = shape.k % kernel.k_granule == 0
         if shape.n % kernel.nr or not whole_k:
-            if not packing or kernel.per_block and not (
-                    whole_k and block_padding_pays(kernel, shape)):
+            # padded by the packing: a per-block kernel's N only, where that pays
+            if not packing or (kernel.per_block
+                               and not (whole_k and block_padding_pays(kernel, shape))):
                 continue
         if not kernel.takes_columns(shape.n):
             continue
