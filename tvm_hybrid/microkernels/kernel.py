@@ -140,7 +140,10 @@ class Family:
     rank
         Preference among families of the same operand dtype a target has (higher first).
     tile_functions, block_functions
-        The intrinsic generator: per register tile, or per block (``per_block`` kernels).
+        The intrinsic generator: per register tile, or per block (``per_block`` kernels). A
+        block function's implementation must not read its accumulators ``C`` on entry (it
+        starts them from zero): the template zeroes them with an intrinsic that writes
+        nothing (``tiles.zero_block_functions``).
     note
         What a user should know when the family is chosen (logged at compile time), or "".
     pair_bound

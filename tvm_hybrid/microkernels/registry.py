@@ -18,7 +18,7 @@ from tvm.target import Target
 
 from ..host import target_features
 from .kernel import Family, Microkernel
-from .tiles import RowTail, Tail, plain_tile_functions, prefetch_fits
+from .tiles import RowTail, Tail, plain_tile_functions, prefetch_fits, zero_block_functions
 from .transposed_tail import per_column_fits, spread_of
 
 _FAMILIES: dict[tuple[str, str], Family] = {}
@@ -154,6 +154,23 @@ def tensor_intrin(kernel: Microkernel, k: int, block: tuple[int, int] | None = N
                      bool(prefetch), row_tail)
 
 
+def zero_intrin(kernel: Microkernel, block: tuple[int, int]) -> str:
+    """Register (once) and return the name of the intrinsic that zeroes a per-block
+    ``kernel``'s ``(mb, nb)`` accumulators by writing nothing (``tiles.zero_block_functions``):
+    what the template tensorizes the reduction's init with."""
+    if not kernel.per_block:
+        raise ValueError(f"{kernel.name}: only per-block kernels start from zero")
+    return _register_zero(kernel, int(block[0]), int(block[1]))
+
+
+@functools.cache
+def _register_zero(kernel: Microkernel, mb: int, nb: int) -> str:
+    name = f"{kernel.name}_b{mb}x{nb}_zero"
+    desc, impl = zero_block_functions(kernel.acc_dtype, mb, nb)
+    s_tir.TensorIntrin.register(name, desc, impl, override=True)
+    return name
+
+
 def supports_row_tail(kernel: Microkernel) -> bool:
     """Whether ``kernel`` has intrinsics for a last row tile of fewer rows (``tiles.RowTail``):
     a tile of the plain fp32 family."""
@@ -229,6 +246,10 @@ INTRIN_NAME = (r"(hybrid_gemm_\w+?)(?:_b(\d+)x(\d+))?_k(\d+)(?:_t(\d+)at(\d+)(?:
                r"(?:_r(\d+)at(\d+))?(_p)?")
 
 
+#: What names a per-block kernel's zeroing intrinsic (:func:`zero_intrin`).
+ZERO_INTRIN_NAME = r"(hybrid_gemm_\w+?)_b(\d+)x(\d+)_zero"
+
+
 def ensure_tensor_intrin(intrin_name: str) -> bool:
     """Register the tensor intrinsic called ``intrin_name`` if it is one of ours.
 
@@ -240,6 +261,16 @@ def ensure_tensor_intrin(intrin_name: str) -> bool:
     bool
         True when ``intrin_name`` is a tvm_hybrid microkernel intrinsic (now registered).
     """
+    zero = re.fullmatch(ZERO_INTRIN_NAME, intrin_name)
+    if zero:
+        try:
+            kernel = microkernel_by_name(zero.group(1))
+        except KeyError:
+            return False
+        if not kernel.per_block:
+            return False
+        zero_intrin(kernel, (int(zero.group(2)), int(zero.group(3))))
+        return True
     found = re.fullmatch(INTRIN_NAME, intrin_name)
     if not found:
         return False

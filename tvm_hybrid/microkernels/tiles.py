@@ -144,6 +144,42 @@ def tile_function(a_shape: tuple, b_shape: tuple, b_strides: tuple, dtypes: tupl
     return func
 
 
+def zero_block_functions(acc: str, mb: int, nb: int):
+    """``(description, implementation)`` of zeroing a per-block kernel's accumulators
+    ``C[mb, nb]`` of type ``acc``: the description is the reduction's init, ``C = 0``, the
+    implementation no code at all. A per-block kernel ignores ``C`` on entry (it starts its
+    accumulators from zero: ``kernel.Family``), so the pass over the accumulators before each
+    block that the init would cost is left out.
+
+    Measured on a 2-core Emerald Rapids VM, the AMX block loop alone, accumulators zeroed by
+    vector stores and loaded by the first ``K`` block against started by ``tilezero``: u8 x s8
+    64x64x64 blocks 1.56x, 64x64x256 1.15x, 64x64x768 1.08x, 128x128x768 1.16x, 256x256x1024
+    1.18x faster."""
+
+    @T.prim_func(s_tir=True)
+    def desc(c: T.handle):
+        ldc = T.int32()
+        C = T.match_buffer(c, (mb, nb), acc, offset_factor=1, strides=[ldc, 1], scope="local")
+        with T.sblock("root"):
+            T.reads()
+            T.writes(C[0:mb, 0:nb])
+            for i, j in T.grid(mb, nb):
+                with T.sblock("init"):
+                    vi, vj = T.axis.remap("SS", [i, j])
+                    C[vi, vj] = T.Cast(acc, 0)
+
+    @T.prim_func(s_tir=True)
+    def impl(c: T.handle):
+        ldc = T.int32()
+        C = T.match_buffer(c, (mb, nb), acc, offset_factor=1, strides=[ldc, 1], scope="local")
+        with T.sblock("root"):
+            T.reads()
+            T.writes(C[0:mb, 0:nb])
+            T.evaluate(0)
+
+    return desc, impl
+
+
 def reference_update(mr: int, nr: int, kc: int, acc: str, b_at: Callable, cast: bool = True):
     """The description's body: ``C[i, j] += acc(A[i, k]) * acc(b_at(B, j, k))``, the
     operands cast to the accumulator's ``acc`` when ``cast`` (the template's block has no cast

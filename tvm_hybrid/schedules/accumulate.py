@@ -10,7 +10,7 @@ from tvm import s_tir, tirx
 
 
 def accumulate_in_tile(sch: s_tir.Schedule, block, tile_loop, init_at,
-                       lanes: int | None = None) -> None:
+                       lanes: int | None = None, vectorize_init: bool = True):
     """Accumulate ``block`` in a local buffer per ``tile_loop`` iteration, zeroed before the
     loop ``init_at``, with the elementwise chain after it in the tile's write-back; the init,
     write-back and epilogue blocks vectorised (the update is left to the microkernel).
@@ -19,9 +19,12 @@ def accumulate_in_tile(sch: s_tir.Schedule, block, tile_loop, init_at,
     columns of the weights' padded last panel, sliced off) is vectorised in chunks of
     ``lanes`` columns where the kept columns are a whole number of vectors, so the guard
     holds for whole vectors; a guard on single lanes makes TVM scalarise the whole epilogue
-    (a HardSwish epilogue then cost a quarter of a 960x240x240 GEMM's time)."""
+    (a HardSwish epilogue then cost a quarter of a 960x240x240 GEMM's time).
+
+    Returns the init block (left as loops where not ``vectorize_init``: a per-block kernel's
+    is tensorized instead)."""
     attach_accumulator(sch, block, tile_loop)
-    decompose_accumulator(sch, block, tile_loop, init_at, lanes)
+    return decompose_accumulator(sch, block, tile_loop, init_at, lanes, vectorize_init)
 
 
 def attach_accumulator(sch: s_tir.Schedule, block, tile_loop) -> None:
@@ -34,15 +37,17 @@ def attach_accumulator(sch: s_tir.Schedule, block, tile_loop) -> None:
 
 
 def decompose_accumulator(sch: s_tir.Schedule, block, tile_loop, init_at,
-                          lanes: int | None = None) -> None:
+                          lanes: int | None = None, vectorize_init: bool = True):
     """The second half of :func:`accumulate_in_tile`: zero the accumulator before
-    ``init_at``; vectorise the init, write-back and epilogue blocks."""
-    sch.decompose_reduction(block, init_at)
+    ``init_at``; vectorise the init, write-back and epilogue blocks. Returns the init
+    block."""
+    init = sch.decompose_reduction(block, init_at)
     update = sch.get(block).name_hint
+    skip = {update} if vectorize_init else {update, sch.get(init).name_hint}
     guarded = _predicated_blocks(sch) if lanes else set()
     for child in sch.get_child_blocks(tile_loop):
         stmt = sch.get(child)
-        if stmt.name_hint == update:
+        if stmt.name_hint in skip:
             continue
         chunk = None
         if stmt.name_hint in guarded and len(stmt.writes) == 1:
@@ -58,6 +63,7 @@ def decompose_accumulator(sch: s_tir.Schedule, block, tile_loop, init_at,
                     and int(width.value) % (lanes // 2) == 0 and not _calls_functions(stmt):
                 chunk = lanes // 2
         _vectorize_innermost(sch, child, chunk)
+    return init
 
 
 

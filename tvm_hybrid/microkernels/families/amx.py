@@ -94,7 +94,11 @@ def release_tiles():
 
 
 def amx_block_functions(kernel: Microkernel, mb: int, nb: int, kc: int):
-    """``C[mb, nb] += A[mb, kc] * B[nb / 16, kc / g, 16, g]`` on AMX tiles (module docstring)."""
+    """``C[mb, nb] += A[mb, kc] * B[nb / 16, kc / g, 16, g]`` on AMX tiles (module docstring),
+    where ``C`` is zero on entry: the implementation starts its accumulator tiles with
+    ``tilezero`` and never reads ``C`` before its first ``K`` block has stored it, so the
+    template zeroes ``C`` with the intrinsic of ``tiles.zero_block_functions``, which writes
+    nothing (the per-block contract, ``kernel.Family``)."""
     in_dtype = kernel.in_dtype
     int8 = in_dtype == "uint8"
     group = 4 if int8 else 2
@@ -114,9 +118,12 @@ def amx_block_functions(kernel: Microkernel, mb: int, nb: int, kc: int):
         configure_tiles()  # once for the whole block
         for kb, mt, nt in T.grid(k_blocks, m_tiles, n_tiles):
             for ct in T.unroll(4):  # C tiles 0-3: (row half, column half)
-                _tile_op("tileloadd64", T.Cast("int8", ct),
-                         T.address_of(C[mt * 32 + ct // 2 * 16, nt * 32 + ct % 2 * 16]),
-                         T.Cast("int64", C.strides[0] * 4))
+                if kb == 0:  # the block starts from zero (module docstring), not from C
+                    _tile_op("tilezero", T.Cast("int8", ct))
+                else:
+                    _tile_op("tileloadd64", T.Cast("int8", ct),
+                             T.address_of(C[mt * 32 + ct // 2 * 16, nt * 32 + ct % 2 * 16]),
+                             T.Cast("int64", C.strides[0] * 4))
             for kt in range(kb * k_per, kb * k_per + k_per):
                 # Loads interleaved with the products that need them (A0 B0 C00 B1 C01 A1
                 # C10 C11): a product starts while the next operand tile loads.

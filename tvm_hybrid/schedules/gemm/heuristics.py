@@ -107,14 +107,16 @@ _COMPUTE = 0.05
 # With any B over half of L2 the discount also changed Inception v1 (0.99x), Inception v2 and
 # SqueezeNet (1.01x), whose weights (1.4-2 MB) the threads find in cache again.
 _A_IN_L2_TRAFFIC = 0.25
-# A per-block (AMX) kernel accumulates its whole block in memory (zeroed, loaded and stored
-# by the tiles, read by the epilogue): the block's accumulators are kept to this share of L2.
+# A per-block (AMX) kernel accumulates its whole block in memory (stored and loaded by the
+# tiles between K blocks, read by the epilogue; also zeroed by a pass of vector stores when the
+# numbers below and under _BLOCK_ACCUMULATOR_L1_SHARE were measured, no longer since the tiles
+# start from tilezero): the block's accumulators are kept to this share of L2.
 # int8 1024^3 on a 2-core Emerald Rapids (2 MB L2): 512 x 1024 blocks (2 MB of int32) 0.755 ms;
 # blocks of 64 KB to 512 KB 0.58-0.62 ms (the tuner's 40 trials).
 _BLOCK_ACCUMULATOR_L2_SHARE = 1 / 8
 # ...and to this share of L1 where B read once per 32-row tile is at most _BLOCK_REREADS_L2S
-# L2s (block_accumulator_bytes): there the accumulators' passes (zeroed, loaded and stored per
-# K block, read by the epilogue) cost more than the re-reads of B that smaller blocks add.
+# L2s (block_accumulator_bytes): there the accumulators' passes (loaded and stored per K
+# block, read by the epilogue) cost more than the re-reads of B that smaller blocks add.
 # Same process, 2-core Emerald Rapids, 3 rounds, 16 KB blocks against L2 / 8: int8 256x768x64
 # 2.06x, 256x768x256 1.40x, 224x768x512 1.25x, 224x768x768 1.12-1.16x; bf16 256x768x64 1.83x,
 # 256x768x256 1.35x, 3136x64x64 1.25x. Larger GEMMs keep L2 / 8: int8 1024x1024x512 0.91x,

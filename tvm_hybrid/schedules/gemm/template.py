@@ -58,6 +58,7 @@ from ...microkernels.registry import (
     supports_prefetch,
     supports_tail,
     transposed_fits,
+    zero_intrin,
 )
 from ...microkernels.tiles import RowTail, Tail
 from ...microkernels.transposed_tail import copy_period, spread_of
@@ -361,7 +362,10 @@ def schedule_block_gemm(sch: s_tir.Schedule, gemm: GemmBlock, knobs: GemmKnobs):
     sch.reorder(*batch, io, jo, ii, ji, k)
     blocks = sch.fuse(*batch, io, jo, preserve_unit_iters=True)
     sch.parallel(blocks)
-    accumulate_in_tile(sch, block, blocks, ii, kernel.lanes)
+    init = accumulate_in_tile(sch, block, blocks, ii, kernel.lanes, vectorize_init=False)
+    # The block intrinsic starts from zero: the init's pass over the accumulators is left out
+    # (an intrinsic that writes nothing, microkernels.tiles.zero_block_functions).
+    sch.tensorize(sch.get_loops(init)[-2], zero_intrin(kernel, (rows, cols)))
     sch.tensorize(ii, tensor_intrin(kernel, gemm.shape.k, (rows, cols)))
     sch.annotate(blocks, TEMPLATE_ANNOTATION,
                  f"{kernel.isa} {kernel.in_dtype} {kernel.mr}x{kernel.nr} tiles per block, "
