@@ -477,6 +477,37 @@ def test_tuning_amx_kernels_here_asks_for_the_tile_permission(tmp_path):
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "amx" in (tmp_path / "r.json").read_text()
+    # The records replay in another fresh process: the block's zeroing intrinsic, which its
+    # trace names too, is registered from the records (it was not, and they were unreadable).
+    code = ("import numpy as np, tvm_hybrid\n"
+            "from tvm_hybrid.bench import workloads\n"
+            "wl = workloads.matmul_integer(128, 128, 256)\n"
+            f"m = tvm_hybrid.compile({str(tmp_path / 'm.onnx')!r}, "
+            f"tuning_records={str(tmp_path / 'r.json')!r})\n"
+            "out = m(*[wl.inputs[s.name] for s in m.inputs])\n"
+            "assert np.array_equal(np.asarray(out), workloads.matmul_integer_reference(wl))\n"
+            "print(sorted(k.schedule for k in m.kernels.values()))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "['template']" in out.stdout
+
+
+def test_records_register_every_intrinsic_their_traces_name():
+    """A trace names the microkernels' intrinsics and the per-block kernels' zeroing one;
+    reading records registers both (names of other forms are left alone)."""
+    import json
+
+    import tvm
+
+    from tvm_hybrid.microkernels.families.amx import AMX_INT8
+    from tvm_hybrid.tuning.records import register_intrinsics_named
+
+    zero, block = f"{AMX_INT8.name}_b96x160_zero", f"{AMX_INT8.name}_b96x160_k192"
+    text = json.dumps([["Tensorize", [zero]], ["Tensorize", [block]], "hybrid_gemm_nonsense"])
+    assert register_intrinsics_named(text) == [zero, block]
+    tvm.s_tir.TensorIntrin.get(zero)
+    tvm.s_tir.TensorIntrin.get(block)
 
 
 def test_tuning_here_for_a_cpu_this_one_is_not_is_refused():

@@ -240,6 +240,8 @@ def _register(kernel: Microkernel, k: int, block: tuple[int, int] | None,
     return name
 
 
+#: How the names of all our intrinsics start (each microkernel's name does).
+INTRIN_PREFIX = "hybrid_gemm_"
 #: What names one of our intrinsics: kernel, block, ``K``, tail, row tail and prefetch
 #: (:func:`tensor_intrin`).
 INTRIN_NAME = (r"(hybrid_gemm_\w+?)(?:_b(\d+)x(\d+))?_k(\d+)(?:_t(\d+)at(\d+)(?:d(\d+)(c?))?)?"

@@ -25,7 +25,7 @@ from tvm.target import Target
 from ..errors import TuningRecordsError, first_line
 from ..host import target_to_dict
 from ..microkernels import ensure_tensor_intrin
-from ..microkernels.registry import INTRIN_NAME
+from ..microkernels.registry import INTRIN_PREFIX
 from .attention import AttentionRecord
 from .search import SearchState, Trial
 from .space import knobs_from_dict
@@ -207,13 +207,20 @@ def _task_json(task: TaskRecords) -> dict:
     }
 
 
+def register_intrinsics_named(text: str) -> list[str]:
+    """Register each of our tensor intrinsics that ``text`` (a trace's JSON) names: the
+    microkernels' (``microkernels.registry.INTRIN_NAME``) and the per-block kernels' zeroing
+    intrinsic (``ZERO_INTRIN_NAME``). Returns the names registered."""
+    return [name for name in dict.fromkeys(re.findall(INTRIN_PREFIX + r"\w+", text))
+            if ensure_tensor_intrin(name)]
+
+
 def _task_from_json(item: dict) -> TaskRecords:
     workload = ms.database.Workload.from_json(item["workload"])
     best = None
     if item.get("best") is not None:
         # Reading a trace checks its tensor intrinsics exist: register ours first.
-        for found in re.finditer(INTRIN_NAME, json.dumps(item["best"])):
-            ensure_tensor_intrin(found.group(0))
+        register_intrinsics_named(json.dumps(item["best"]))
         best = ms.database.TuningRecord.from_json(item["best"], workload)
     state = SearchState(heuristic_key=item.get("heuristic"))
     for trial in item.get("measured", []):
