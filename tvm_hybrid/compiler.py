@@ -287,7 +287,7 @@ def _load_records(path: str | os.PathLike,
     work directory) and the tuned attention knobs by workload. Raises
     :class:`TuningRecordsError` when they were made for another target.
     """
-    from .tuning.records import load_records, target_identity
+    from .tuning.records import load_records, register_intrinsics_named, target_identity
 
     source = Path(path)
     if source.is_file():
@@ -307,6 +307,8 @@ def _load_records(path: str | os.PathLike,
             "database_tuning_record.json)"
         )
     try:
+        # Reading a trace checks its tensor intrinsics exist: register ours first.
+        register_intrinsics_named(records.read_text(errors="replace"))
         database = ms.database.JSONDatabase(str(workloads), str(records), allow_missing=False)
         made = [r.target for r in database.get_all_tuning_records() if r.target is not None]
     except Exception as err:
