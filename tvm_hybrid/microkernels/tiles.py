@@ -156,28 +156,31 @@ def zero_block_functions(acc: str, mb: int, nb: int):
     64x64x64 blocks 1.56x, 64x64x256 1.15x, 64x64x768 1.08x, 128x128x768 1.16x, 256x256x1024
     1.18x faster."""
 
-    @T.prim_func(s_tir=True)
-    def desc(c: T.handle):
-        ldc = T.int32()
-        C = T.match_buffer(c, (mb, nb), acc, offset_factor=1, strides=[ldc, 1], scope="local")
-        with T.sblock("root"):
-            T.reads()
-            T.writes(C[0:mb, 0:nb])
-            for i, j in T.grid(mb, nb):
-                with T.sblock("init"):
-                    vi, vj = T.axis.remap("SS", [i, j])
-                    C[vi, vj] = T.Cast(acc, 0)
+    @T.macro
+    def zero(C):
+        for i, j in T.grid(mb, nb):
+            with T.sblock("init"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                C[vi, vj] = T.Cast(acc, 0)
 
-    @T.prim_func(s_tir=True)
-    def impl(c: T.handle):
-        ldc = T.int32()
-        C = T.match_buffer(c, (mb, nb), acc, offset_factor=1, strides=[ldc, 1], scope="local")
-        with T.sblock("root"):
-            T.reads()
-            T.writes(C[0:mb, 0:nb])
-            T.evaluate(0)
+    @T.macro
+    def nothing(C):
+        T.evaluate(0)
 
-    return desc, impl
+    def function(body):
+        @T.prim_func(s_tir=True)
+        def func(c: T.handle):
+            ldc = T.int32()
+            C = T.match_buffer(c, (mb, nb), acc, offset_factor=1, strides=[ldc, 1],
+                               scope="local")
+            with T.sblock("root"):
+                T.reads()
+                T.writes(C[0:mb, 0:nb])
+                body(C)
+
+        return func
+
+    return function(zero), function(nothing)
 
 
 def reference_update(mr: int, nr: int, kc: int, acc: str, b_at: Callable, cast: bool = True):
