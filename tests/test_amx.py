@@ -164,17 +164,8 @@ def test_amx_blocks_start_from_zero_tiles():
         # no store of zeros into the accumulators: the init block is the empty intrinsic
         init = kernels[0].split('_init_o"):')[1].split("T.sblock(")[0]
         assert "T.evaluate(0)" in init and " = 0" not in init and "for " not in init, init
+        # (bit-exact on AMX hosts: test_amx_int8_numerics runs these kernels)
         assert "tilezero" in _asm(model)
-        out = None if not _amx_here() else model(*[wl.inputs[s.name] for s in model.inputs])
-        if out is not None and precision == "fp32":
-            np.testing.assert_array_equal(np.asarray(out),
-                                          workloads.matmul_integer_reference(wl))
-
-
-def _amx_here() -> bool:
-    from tvm_hybrid.host import request_amx_permission
-
-    return {"amx-tile", "amx-int8"} <= host_features() and request_amx_permission()
 
 
 def test_nothing_amx_is_lowered_for_a_non_amx_target():

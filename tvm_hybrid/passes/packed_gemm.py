@@ -60,6 +60,7 @@ def pack_weight(weight: np.ndarray, panel: int, group: int = 1, dtype=None,
     return np.ascontiguousarray(
         full.reshape(k_pad // group, group, n_pad // panel, panel).transpose(2, 0, 3, 1))
 
+
 def packed_gemm(x: te.Tensor, packed: te.Tensor, n: int, acc_dtype: str, out_dtype: str,
                 compensation: te.Tensor | None = None,
                 zero_point: te.Tensor | None = None, out_rows: int | None = None,
