@@ -12,8 +12,10 @@ lower.
 4. **Schedule**: tuning records, then the expert templates, then the fallback rule; then the
    zero rows that GEMMs' row tails never read are no longer copied in (``DropRowPadding``).
 5. **Lower** for the VM.
-6. **TIR** (:func:`tir_pipeline`, registered as the ``"hybrid"`` TIR pipeline): TVM's default
-   lowering, then kernels that take their tensor arguments at any element-aligned address.
+6. **TIR** (:func:`tir_pipeline`, registered as the ``"hybrid"`` TIR pipeline): guarded
+   write-backs peeled to whole vectors outside their last panel (``PeelGuardedTails``), TVM's
+   default lowering, then kernels that take their tensor arguments at any element-aligned
+   address.
 
 Registered with ``relax.register_pipeline("hybrid")``, so existing TVM code can use it through
 ``tvm.compile(mod, target, relax_pipeline="hybrid")``. Each comment below states an ordering
@@ -46,10 +48,12 @@ from .passes import (
     FuseGemmEpilogues,
     IntegerConvToFloat,
     IntegerGemmToVNNI,
+    PeelGuardedTails,
     PrepackConstantWeights,
     ReciprocalDivisors,
     SinkReshapes,
 )
+from .passes.peel_guarded_tails import with_loop_partition
 from .schedules import default_rules
 
 PRECISIONS = ("fp32", "bf16")
@@ -183,8 +187,10 @@ def hybrid_pipeline(target: Target | None = None, precision: str = "fp32",
 
 
 def tir_pipeline():
-    """Phase 6, the ``"hybrid"`` TIR pipeline: TVM's default TIR lowering (which ends with
-    ``MakePackedAPI``), then :class:`~tvm_hybrid.passes.ElementAlignedArguments`.
+    """Phase 6, the ``"hybrid"`` TIR pipeline: :class:`~tvm_hybrid.passes.PeelGuardedTails`,
+    TVM's default TIR lowering (which ends with ``MakePackedAPI``; run with loop partitioning
+    of constant loops, which only the loops that pass marks take), then
+    :class:`~tvm_hybrid.passes.ElementAlignedArguments`.
 
     Returns
     -------
@@ -193,7 +199,8 @@ def tir_pipeline():
         ``tvm.tirx.register_tir_pipeline`` takes.
     """
     lower, finalize_host, finalize_device = default_s_tir_pipeline()
-    return (tvm.transform.Sequential([lower, ElementAlignedArguments()], name="HybridTIR"),
+    return (tvm.transform.Sequential([PeelGuardedTails(), with_loop_partition(lower),
+                                      ElementAlignedArguments()], name="HybridTIR"),
             finalize_host, finalize_device)
 
 

@@ -1,4 +1,4 @@
-"""Relax graph passes of the hybrid pipeline (phases 1 and 2) and its TIR pass (phase 6), one
+"""Relax graph passes of the hybrid pipeline (phases 1 and 2) and its TIR passes (phase 6), one
 per module."""
 
 from .affine_chains import FoldAffineChains
@@ -14,6 +14,7 @@ from .fuse_epilogues import FuseGemmEpilogues
 from .gemm_chain import FuseGemmChains
 from .integer_conv import IntegerConvToFloat
 from .integer_gemm import IntegerGemmToVNNI
+from .peel_guarded_tails import PeelGuardedTails
 from .prepack import PrepackConstantWeights
 from .qdq import FoldQDQ
 from .row_padding import DropRowPadding
@@ -34,6 +35,7 @@ __all__ = [
     "FuseGemmChains",
     "IntegerConvToFloat",
     "IntegerGemmToVNNI",
+    "PeelGuardedTails",
     "PrepackConstantWeights",
     "ReciprocalDivisors",
     "SinkReshapes",

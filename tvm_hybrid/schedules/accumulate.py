@@ -19,7 +19,8 @@ def accumulate_in_tile(sch: s_tir.Schedule, block, tile_loop, init_at,
     columns of the weights' padded last panel, sliced off) is vectorised in chunks of
     ``lanes`` columns where the kept columns are a whole number of vectors, so the guard
     holds for whole vectors; a guard on single lanes makes TVM scalarise the whole epilogue
-    (a HardSwish epilogue then cost a quarter of a 960x240x240 GEMM's time).
+    (a HardSwish epilogue then cost a quarter of a 960x240x240 GEMM's time), except where
+    ``passes/peel_guarded_tails.py`` peels the last panel off (the guard's loop not parallel).
 
     Returns the init block (left as loops where not ``vectorize_init``: a per-block kernel's
     is tensorized instead)."""
