@@ -60,3 +60,31 @@ def test_rounds_are_sized_from_warm_calls():
     assert len(samples["runner"]) == 3
     assert len(calls) > 3 * 10  # rounds of about 5 ms of 0.2-ms calls, not of one call
     assert max(samples["runner"]) < 5  # ms a call: the first call is not in any round
+
+
+def test_timed_calls_follow_their_own_runner_and_rounds_alternate_order():
+    """A call right after another runner's is slower than after its own (cold buffers): each
+    round's timed call follows an untimed call of the same runner, and every other round runs
+    the runners in reverse, so no runner always comes after the same one."""
+    log = []
+
+    def make(name):
+        def runner(_):
+            log.append(name)
+            time.sleep(0.002)  # longer than a round: one timed call a round
+        return runner
+
+    samples = comparison.time_interleaved({n: make(n) for n in "abc"}, {}, rounds=4,
+                                          min_round_ms=1)
+    assert all(len(samples[n]) == 4 for n in "abc")
+    runs = []  # [runner, calls in a row]
+    for name in log:
+        if runs and runs[-1][0] == name:
+            runs[-1][1] += 1
+        else:
+            runs.append([name, 1])
+    # Sizing: a first call and one warm call each. Rounds a b c | c b a | a b c | c b a, each
+    # an untimed and a timed call; a runner ending one round and starting the next runs 4.
+    assert runs == [["a", 2], ["b", 2], ["c", 2],
+                    ["a", 2], ["b", 2], ["c", 4], ["b", 2], ["a", 4], ["b", 2], ["c", 4],
+                    ["b", 2], ["a", 2]]

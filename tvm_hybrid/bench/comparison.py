@@ -140,8 +140,14 @@ def time_interleaved(runners: dict, inputs: dict[str, np.ndarray], *, rounds: in
                      max_seconds_per_peer: float = 20.0) -> dict[str, list[float]]:
     """Time each runner once per round, round after round (ms per call, one sample a round).
 
-    Interleaving spreads the machine's slow and fast moments over every runner alike. A
-    round repeats a call until it lasts ``min_round_ms``; a slow runner gets fewer rounds so
+    Interleaving spreads the machine's slow and fast moments over every runner alike. Each
+    round's timed calls follow an untimed call of the same runner, and every other round runs
+    the runners in reverse order: a call right after another runner's is slower than after
+    its own (its buffers and the pooled allocator's are cold), so with one fixed order the
+    runner after its twin looked faster. Two exported builds of the same model timed against
+    each other (one process, 2-core Emerald Rapids, 9-10 rounds) read 1.022-1.094x (ocr_det
+    1.094x, 9/9) in one fixed order, 0.993-1.005x with both changes (yolov8n once 1.029x).
+    A round repeats a call until it lasts ``min_round_ms``; a slow runner gets fewer rounds so
     that it takes about ``max_seconds_per_peer``. Rounds are sized from warm calls, repeated
     for a quarter of ``min_round_ms`` after a first one: a first call carries one-time costs
     (hybrid's creates its VM, ~30 ms), and sized from it, hybrid's rounds of a 197x7x333 GEMM
@@ -162,10 +168,12 @@ def time_interleaved(runners: dict, inputs: dict[str, np.ndarray], *, rounds: in
     }
     for peer in samples:
         samples[peer].clear()
+    order = list(runners.items())
     for round_index in range(rounds):
-        for peer, runner in runners.items():
+        for peer, runner in (order if round_index % 2 == 0 else order[::-1]):
             if round_index >= budget_rounds[peer]:
                 continue
+            runner(inputs)  # untimed: the timed calls follow a call of their own runner
             start = time.perf_counter()
             for _ in range(calls[peer]):
                 runner(inputs)
