@@ -143,7 +143,7 @@ def time_interleaved(runners: dict, inputs: dict[str, np.ndarray], *, rounds: in
     Interleaving spreads the machine's slow and fast moments over every runner alike. Each
     round's timed calls follow an untimed call of the same runner, and every other round runs
     the runners in reverse order: a call right after another runner's is slower than after
-    its own (its buffers and the pooled allocator's are cold), so with one fixed order the
+    its own (measured; cold caches are the likely cause), so with one fixed order the
     runner after its twin looked faster. Two exported builds of the same model timed against
     each other (one process, 2-core Emerald Rapids, 9-10 rounds) read 1.022-1.094x (ocr_det
     1.094x, 9/9) in one fixed order, 0.993-1.005x with both changes (yolov8n once 1.029x).
@@ -162,8 +162,9 @@ def time_interleaved(runners: dict, inputs: dict[str, np.ndarray], *, rounds: in
         once_ms = _warm_call_ms(runner, inputs, min_round_ms / 4)
         calls[peer] = max(1, int(min_round_ms / max(once_ms, 1e-3)))
         samples[peer].append(once_ms)
-    budget_rounds = {
-        peer: max(2, min(rounds, int(max_seconds_per_peer * 1e3 / max(s[0] * calls[peer], 1e-3))))
+    budget_rounds = {  # a round's calls and its untimed first one
+        peer: max(2, min(rounds, int(max_seconds_per_peer * 1e3
+                                     / max(s[0] * (calls[peer] + 1), 1e-3))))
         for peer, s in samples.items()
     }
     for peer in samples:
