@@ -24,6 +24,7 @@ from tvm_hybrid.passes.packed_gemm import pack_weight
 from tvm_hybrid.schedules.gemm.heuristics import (
     GemmKnobs,
     GemmShape,
+    a_from_l3_rows,
     choose_blocks,
     choose_kernel,
     choose_knobs,
@@ -356,6 +357,31 @@ def test_whole_k_where_all_of_a_stays_in_l2():
     assert (knobs.k_block, knobs.m_block * tile.mr) == (0, 128), knobs
     knobs = choose_knobs(ffn2, [tile], _ZEN3, 2)
     assert (knobs.k_block, knobs.m_block * tile.mr) == (256, 128), knobs
+
+
+def test_a_from_l3_where_weights_stream_past_small_blocks():
+    """BERT-base's FFN2 at batch 8 (1024 x 3072 of A, 9 MiB of weights) on 512-bit tiles with
+    a 2 MiB L2: rule 2's constraint (the A block and a B panel in half of L2) leaves 32-row
+    blocks, so the weights stream from L3 or memory 32 times; rule 5 lets a block's A take two
+    L2s (read from L3 for each panel): 256-row blocks, the whole K. Rule 3's K blocks still come
+    first where they cover M; blocks of 64 rows or more, 256-bit tiles and weights under four
+    L2s keep rule 2."""
+    tile = next(k for k in fma.AVX512.kernels if (k.mr, k.nr) == (8, 48))
+    narrow = next(k for k in fma.AVX512.kernels if (k.mr, k.nr) == (8, 32))
+    l2_2mib = CacheSizes(l1d=48 * 1024, l2=2 << 20, l3=32 << 20)
+    ffn2 = GemmShape(1, 1024, 768, 3072)
+    assert choose_blocks(ffn2, tile, l2_2mib, threads=2, l3_rows=False)[0] * tile.mr == 32
+    assert a_from_l3_rows(ffn2, tile, l2_2mib) == 2 * l2_2mib.l2 // (3072 * 4)
+    mb, nb = choose_blocks(ffn2, tile, l2_2mib, threads=2)
+    assert (mb * tile.mr, nb * tile.nr) == (256, 768)
+    knobs = choose_knobs(ffn2, [tile], l2_2mib, 2)
+    assert (knobs.k_block, knobs.m_block * tile.mr) == (0, 256), knobs
+    # Rule 3 first: 512 rows are one K-blocked block.
+    knobs = choose_knobs(GemmShape(1, 512, 768, 3072), [tile], l2_2mib, 2)
+    assert (knobs.k_block, knobs.m_block * tile.mr) == (256, 512), knobs
+    assert a_from_l3_rows(GemmShape(1, 2048, 2048, 2048), narrow, l2_2mib) == 0  # 64 rows
+    assert a_from_l3_rows(ffn2, _avx2_tile(4, 24), l2_2mib) == 0
+    assert a_from_l3_rows(GemmShape(1, 1024, 768, 1024), tile, l2_2mib) == 0  # 3 MiB of B
 
 
 def test_k_split_is_a_tuning_knob():

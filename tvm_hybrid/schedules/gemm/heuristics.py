@@ -62,6 +62,22 @@ The model, in the spirit of the oneDNN Graph Compiler's:
    against 2.24 ms warm on a 2-core Emerald Rapids), so the 512-bit fp32 microkernel prefetches
    the next panel's lines into L2 while it computes (:func:`prefetches_weights`): 2.42 ms cold,
    and the BERT-base layer 1.09x (batch 1) and 1.07x (batch 8) faster.
+5. **A from L3.** Where the weights stream (:data:`_K_SPLIT_MIN_L2S` L2s or more), rule 3 does
+   not apply and rule 2's constraint leaves whole-``K`` blocks of under
+   :data:`_STREAM_MIN_ROWS` rows, each block passes over all the weights: BERT-base's FFN2 at
+   batch 8 (1024 x 768 x 3072) took 32-row blocks, 32 passes over 9 MiB, at the pace of L3 or
+   memory. Its ``A`` is the cheap operand to re-read (``mr`` elements per ``K`` step against
+   ``nr`` of ``B``, and the prefetchers follow its rows), so such a block's ``A`` may take
+   :data:`_STREAM_A_L2S` L2s (read from L3 for every ``B`` panel) while one panel stays in half
+   of L2 (:func:`a_from_l3_rows`). Same process, 2-core Emerald Rapids (2 MiB L2), 7 rounds,
+   outputs identical, 512-bit tiles: 1024 x 768 x 3072 1.14x (256-row blocks against 32),
+   784 x 768 x 3072 1.35x, 784 x 512 x 4608 1.20x, 256 x 8224 x 3072 1.31x, 1024 x 3072 x 4096
+   1.29x, 512 x 512 x 4096 1.14x, 1024 x 1024 x 3072 1.03x, 1024 x 1024 x 4096 1.05x; the
+   BERT-base layer at batch 8 1.029x (9 of 11 rounds), BERT-large's at batch 8 1.002x. Blocks
+   of 64 rows gain nothing (2048^3: 1.0x with 256 or 512 rows; 1024 x 4096 x 1024, 128 rows:
+   0.85-0.96x with more), nor did the K blocks of rule 3 in their place for 32-row blocks of
+   8 x 32 tiles (1024 x 1024 x 3072 0.90-0.99x). Unmeasured on 256-bit tiles and for integer
+   and bf16 kernels, which keep rule 2.
 """
 
 from __future__ import annotations
@@ -165,6 +181,11 @@ _BLOCK_PAD_SPEEDUP = {"uint8": 2.0, "bfloat16": 6.0}
 _K_BLOCK_BYTES = 1024
 #: ...and ``K`` is split only for weights of at least this many L2s (rule 3).
 _K_SPLIT_MIN_L2S = 4
+# Rule 5: where rule 2's constraint leaves whole-``K`` blocks of under this many rows over
+# weights that stream, a block's ``A`` may take this many L2s (read from L3 for each ``B``
+# panel; see the module docstring for the measurements).
+_STREAM_MIN_ROWS = 64
+_STREAM_A_L2S = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -483,17 +504,22 @@ def streams_weights(shape: GemmShape, kernel: Microkernel, caches: CacheSizes) -
 
 
 def choose_blocks(shape: GemmShape, kernel: Microkernel, caches: CacheSizes,
-                  threads: int) -> tuple[int, int]:
-    """``(m_block, n_block)`` in tiles (rule 2 of the module docstring)."""
+                  threads: int, *, l3_rows: bool = True) -> tuple[int, int]:
+    """``(m_block, n_block)`` in tiles (rule 2 of the module docstring; with ``l3_rows``, rule
+    5's larger blocks where it applies)."""
     m_tiles, n_tiles = shape.m // kernel.mr, shape.n // kernel.nr
     budget = caches.l2 // 2
     a_in_l2 = (shape.m * shape.k * shape.itemsize <= budget
                and streams_weights(shape, kernel, caches))
     a_traffic = _A_IN_L2_TRAFFIC if a_in_l2 else 1.0
+    a_from_l3 = a_from_l3_rows(shape, kernel, caches) if l3_rows else 0
     best, best_cost, best_balance = (1, 1), math.inf, 0.0
     busy, busy_cost = (1, 1), math.inf
     for mb in _divisors(m_tiles):
-        if mb > 1 and (mb * kernel.mr + kernel.nr) * shape.k * shape.itemsize > budget:
+        if a_from_l3:
+            if mb * kernel.mr > a_from_l3:
+                continue
+        elif mb > 1 and (mb * kernel.mr + kernel.nr) * shape.k * shape.itemsize > budget:
             continue
         for nb in _divisors(n_tiles):
             if (kernel.per_block and (mb, nb) != (1, 1) and mb * kernel.mr * nb * kernel.nr * 4
@@ -512,6 +538,33 @@ def choose_blocks(shape: GemmShape, kernel: Microkernel, caches: CacheSizes,
             and _busy_threads_first(shape, kernel, caches, threads):
         return busy
     return best
+
+
+def _l2_rows(shape: GemmShape, kernel: Microkernel, caches: CacheSizes) -> int:
+    """The most rows of a whole-``K`` block whose ``A`` plus one ``B`` panel fit in half of
+    L2 (rule 2's constraint), in whole row tiles dividing ``M``."""
+    budget = caches.l2 // 2
+    rows = kernel.mr
+    for mb in _divisors(shape.m // kernel.mr):
+        if (mb * kernel.mr + kernel.nr) * shape.k * shape.itemsize <= budget:
+            rows = mb * kernel.mr
+    return rows
+
+
+def a_from_l3_rows(shape: GemmShape, kernel: Microkernel, caches: CacheSizes) -> int:
+    """The most rows of a block that reads ``A`` from L3 (rule 5 of the module docstring), or
+    0 where rule 2's constraint stands: 512-bit fp32 vector tiles over weights that stream
+    (:func:`streams_weights`) where that constraint leaves blocks of under
+    :data:`_STREAM_MIN_ROWS` rows (``K`` large) although ``M`` has more. Such a block's ``A``
+    may then take :data:`_STREAM_A_L2S` L2s, with one ``B`` panel in half of L2."""
+    if (kernel.in_dtype != "float32" or kernel.vector_bits != 512 or kernel.per_block
+            or not streams_weights(shape, kernel, caches)
+            or kernel.nr * shape.k * shape.itemsize > caches.l2 // 2):
+        return 0
+    rows = _l2_rows(shape, kernel, caches)
+    if rows >= _STREAM_MIN_ROWS or rows >= shape.m:
+        return 0
+    return max(rows, int(_STREAM_A_L2S * caches.l2 // (shape.k * shape.itemsize)))
 
 
 def block_accumulator_bytes(shape: GemmShape, kernel: Microkernel, caches: CacheSizes) -> int:
@@ -584,7 +637,7 @@ def k_split_blocks(shape: GemmShape, kernel: Microkernel, caches: CacheSizes,
     :data:`_K_SPLIT_MIN_L2S` L2s, the whole-``K`` block holds fewer rows than ``M``, and with
     ``K`` blocks one block holds all of ``M`` (each ``B`` panel is then read once for every
     row tile); else None."""
-    m_block, _ = choose_blocks(shape, kernel, caches, threads)
+    m_block, _ = choose_blocks(shape, kernel, caches, threads, l3_rows=False)
     k_block = k_block_size(shape, kernel)
     if not (k_block and streams_weights(shape, kernel, caches) and m_block * kernel.mr < shape.m):
         return None
