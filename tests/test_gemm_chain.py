@@ -44,6 +44,7 @@ from tvm_hybrid.tuning.space import config_key, knobs_from_dict
 
 HASWELL = {"kind": "llvm", "mcpu": "haswell", "num-cores": 2}
 ZNVER4 = {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}
+CASCADELAKE = {"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2}  # VNNI, no AMX
 DIMS = (24, 64, 48, 16)
 
 
@@ -130,6 +131,22 @@ def test_no_chain_with_fewer_rows_than_threads(monkeypatch):
     assert CHAIN_COMPOSITE not in _called(_graph(wl.model, HASWELL, monkeypatch, "all"))
 
 
+@pytest.mark.parametrize("target,chained", [(CASCADELAKE, False), (ZNVER4, True)],
+                         ids=["intel", "amd"])
+def test_no_chain_of_weights_the_other_layers_evict(target, chained, monkeypatch):
+    """Quantized MLP_2 at batch 8 with a 2 MiB L2: its last two layers' 0.65 MB of int8
+    weights fit the L2 share, all its layers' 2.2 MB do not, so between calls the other
+    layers evict them. From an Intel L3 the chain's 4 rows a thread lost (0.91-0.93x on an
+    Emerald Rapids VM): no chain; from an AMD L3 the chain stays."""
+    from tvm_hybrid.passes import gemm_chain as chain_pass
+
+    monkeypatch.setattr(chain_pass, "cache_sizes",
+                        lambda: CacheSizes(l1d=48 << 10, l2=2 << 20, l3=256 << 20))
+    wl = workloads.qdq_mlp(8, (479, 1024, 1024, 512, 256, 1), final="Sigmoid")
+    graph = _graph(wl.model, target, monkeypatch, "auto")
+    assert (CHAIN_COMPOSITE in _called(graph)) is chained, _called(graph)
+
+
 @pytest.mark.parametrize("target,chained", [(HASWELL, False), (ZNVER4, True)],
                          ids=["avx2", "avx512"])
 def test_no_chain_where_the_row_blocks_take_thin_tiles(target, chained, monkeypatch):
@@ -175,6 +192,13 @@ def test_the_cost_model():
     assert not chain_wins(32, 9 << 20, caches, threads=2, streamed_rows=intel)
     assert chain_wins(64, 9 << 20, caches, threads=2, streamed_rows=intel)
     assert chain_wins(8, 700 << 10, caches, threads=2, streamed_rows=intel)  # in the L2
+    # ...unless more layers' weights evict it between calls: 8 rows a thread then, on Intel.
+    beside = {"caches": caches, "threads": 2, "model_weight_bytes": 2200 << 10}
+    assert not chain_wins(8, 700 << 10, streamed_rows=intel, **beside)
+    assert chain_wins(16, 700 << 10, streamed_rows=intel, **beside)
+    assert chain_wins(8, 700 << 10, streamed_rows=amd, **beside)
+    assert chain_wins(8, 700 << 10, caches, threads=2, streamed_rows=intel,
+                      model_weight_bytes=700 << 10)
 
 
 # --- the template: numerics and structure -----------------------------------------------------

@@ -16,7 +16,8 @@ The cost model (:func:`chain_wins`): every core then reads every layer's weights
 share, so a chain is formed only while the weights stay in the caches (a core's L2 or half
 the shared L3) and the batch is small enough that the per-layer kernels' forks, joins and
 calls are a visible share, with a few rows per thread at least (more where weights beyond the
-L2 stream from an Intel L3, :func:`streamed_rows_per_thread`), and each layer's row block
+L2, or within it beside more layers' weights that evict them between calls, stream from an
+Intel L3, :func:`streamed_rows_per_thread`), and each layer's row block
 keeps a register tile nearly as good as its per-layer kernel's (``thin_tiles``).
 ``TVM_HYBRID_GEMM_CHAINS`` (``auto``, ``off``, ``all``) overrides it, to measure one against
 the other.
@@ -48,6 +49,13 @@ CHAIN_MODES = ("auto", "off", "all")
 MIN_ROWS_PER_THREAD = 4
 #: Most rows a chain is formed for (larger batches keep the per-layer kernels' N split).
 MAX_CHAIN_ROWS = 256
+#: Fewest rows per thread for a chain whose weights fit the L2 share while the GEMM layers
+#: around it exceed it (``chain_wins``). MLP_2's last two layers (0.65 MB of its 2.2 MB of
+#: int8 weights) chained at batch 8, 4 rows per thread, ran 0.91-0.93x as fast as their
+#: per-layer kernels on a 2-core Emerald Rapids VM, the model 1.098x faster unchained (31 of 31
+#: rounds, same process); its fp32 chains of the last layers at batches 16-32 (8-16 rows per
+#: thread) measured 0.97-1.03x either way and are kept.
+EVICTED_ROWS_PER_THREAD = 8
 #: Share of a core's L2 the chain's weights may take (each core streams all of them).
 _L2_SHARE = 0.75
 #: Fewest rows per thread a chain is formed for when its weights exceed the L2 share and
@@ -110,7 +118,8 @@ def _itemsize(expr: relax.Expr) -> int:
 
 
 def chain_wins(rows: int, weight_bytes: int, caches: CacheSizes, threads: int,
-               streamed_rows: int = MIN_ROWS_PER_THREAD) -> bool:
+               streamed_rows: int = MIN_ROWS_PER_THREAD,
+               model_weight_bytes: int | None = None) -> bool:
     """The cost model: chain ``rows``-row layers whose weights total ``weight_bytes``.
 
     At least :data:`MIN_ROWS_PER_THREAD` rows per thread (thinner blocks would run on thin
@@ -120,10 +129,15 @@ def chain_wins(rows: int, weight_bytes: int, caches: CacheSizes, threads: int,
     weights within a core's L2 or half the L3, since every core reads all of them (from
     memory they would cost each core the whole stream). Weights beyond the L2 share stream
     from the L3 to every core on each call: then at least ``streamed_rows`` rows per thread
-    (:func:`streamed_rows_per_thread`)."""
+    (:func:`streamed_rows_per_thread`). A chain's weights within that share also come from
+    the L3 where the GEMM layers around it (``model_weight_bytes``, the chain's included)
+    exceed it, their weights evicting the chain's between calls: there the chain needs
+    :data:`EVICTED_ROWS_PER_THREAD` rows per thread, or ``streamed_rows`` if fewer."""
     if not MIN_ROWS_PER_THREAD * threads <= rows <= MAX_CHAIN_ROWS:
         return False
-    if weight_bytes <= _L2_SHARE * caches.l2:
+    share = _L2_SHARE * caches.l2
+    if weight_bytes <= share and (model_weight_bytes is None or model_weight_bytes <= share
+                                  or rows >= EVICTED_ROWS_PER_THREAD * threads):
         return True
     return weight_bytes <= caches.l3 // 2 and rows >= streamed_rows * threads
 
@@ -180,6 +194,7 @@ class FuseGemmChains:
         self.caches = cache_sizes()
         self.mode = chain_mode(mode)
         self.streamed_rows = streamed_rows_per_thread(target)
+        self._model_weights: int | None = None  # the current dataflow block's GEMM weights
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         if self.mode == "off":
@@ -225,6 +240,8 @@ class FuseGemmChains:
                     and user.rows == layer.rows:
                 next_of[var] = users[0]
         heads = [v for v in next_of if v not in set(next_of.values())]
+        self._model_weights = sum(layer.weight_bytes for layer in layers.values()
+                                  if layer is not None)
         replace, drop = {}, set()
         for head in heads:
             chain = [head]
@@ -271,7 +288,8 @@ class FuseGemmChains:
         if self.mode == "all":
             return True
         weights = sum(layer.weight_bytes for layer in layers)
-        return (chain_wins(shape.m, weights, self.caches, self.threads, self.streamed_rows)
+        return (chain_wins(shape.m, weights, self.caches, self.threads, self.streamed_rows,
+                           self._model_weights)
                 and not thin_tiles(shape, variants[0], self.target))
 
     @staticmethod
