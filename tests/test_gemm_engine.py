@@ -376,9 +376,12 @@ def test_a_from_l3_where_weights_stream_past_small_blocks():
     assert (mb * tile.mr, nb * tile.nr) == (256, 768)
     knobs = choose_knobs(ffn2, [tile], l2_2mib, 2)
     assert (knobs.k_block, knobs.m_block * tile.mr) == (0, 256), knobs
-    # Rule 3 first: 512 rows are one K-blocked block.
-    knobs = choose_knobs(GemmShape(1, 512, 768, 3072), [tile], l2_2mib, 2)
-    assert (knobs.k_block, knobs.m_block * tile.mr) == (256, 512), knobs
+    # Rule 3 first: 512 rows (or 256, within rule 5's cap) are one K-blocked block.
+    for rows in (256, 512):
+        knobs = choose_knobs(GemmShape(1, rows, 768, 3072), [tile], l2_2mib, 2)
+        assert (knobs.k_block, knobs.m_block * tile.mr) == (256, rows), knobs
+    small_l3 = CacheSizes(l1d=48 * 1024, l2=2 << 20, l3=8 << 20)  # 2 blocks of 4 MiB
+    assert a_from_l3_rows(ffn2, tile, small_l3) == 0
     assert a_from_l3_rows(GemmShape(1, 2048, 2048, 2048), narrow, l2_2mib) == 0  # 64 rows
     assert a_from_l3_rows(ffn2, _avx2_tile(4, 24), l2_2mib) == 0
     assert a_from_l3_rows(GemmShape(1, 1024, 768, 1024), tile, l2_2mib) == 0  # 3 MiB of B

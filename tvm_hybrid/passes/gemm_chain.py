@@ -49,12 +49,12 @@ CHAIN_MODES = ("auto", "off", "all")
 MIN_ROWS_PER_THREAD = 4
 #: Most rows a chain is formed for (larger batches keep the per-layer kernels' N split).
 MAX_CHAIN_ROWS = 256
-#: Fewest rows per thread for a chain whose weights fit the L2 share while the GEMM layers
-#: around it exceed it (``chain_wins``). MLP_2's last two layers (0.65 MB of its 2.2 MB of
-#: int8 weights) chained at batch 8, 4 rows per thread, ran 0.91-0.93x as fast as their
-#: per-layer kernels on a 2-core Emerald Rapids VM, the model 1.098x faster unchained (31 of 31
-#: rounds, same process); its fp32 chains of the last layers at batches 16-32 (8-16 rows per
-#: thread) measured 0.97-1.03x either way and are kept.
+#: Fewest rows per thread for a chain whose weights fit the L2 share while those of the
+#: chainable GEMM layers around it exceed it (``chain_wins``). MLP_2's last two layers (0.65
+#: MB of its 2.2 MB of int8 weights) chained at batch 8, 4 rows per thread, ran 0.91-0.93x as
+#: fast as their per-layer kernels on a 2-core Emerald Rapids VM, the model 1.098x faster
+#: unchained (31 of 31 rounds, same process); its fp32 chains of the last layers at batches
+#: 16-32 (8-16 rows per thread) measured 0.97-1.03x either way and are kept.
 EVICTED_ROWS_PER_THREAD = 8
 #: Share of a core's L2 the chain's weights may take (each core streams all of them).
 _L2_SHARE = 0.75
@@ -130,9 +130,11 @@ def chain_wins(rows: int, weight_bytes: int, caches: CacheSizes, threads: int,
     memory they would cost each core the whole stream). Weights beyond the L2 share stream
     from the L3 to every core on each call: then at least ``streamed_rows`` rows per thread
     (:func:`streamed_rows_per_thread`). A chain's weights within that share also come from
-    the L3 where the GEMM layers around it (``model_weight_bytes``, the chain's included)
-    exceed it, their weights evicting the chain's between calls: there the chain needs
-    :data:`EVICTED_ROWS_PER_THREAD` rows per thread, or ``streamed_rows`` if fewer."""
+    the L3 where the chainable GEMM layers around it (``model_weight_bytes``: those of its
+    dataflow block, the chain's included) exceed it, their weights evicting the chain's
+    between calls: there the chain needs :data:`EVICTED_ROWS_PER_THREAD` rows per thread, or
+    else the streamed case's conditions (``streamed_rows`` rows per thread, weights within
+    half the L3)."""
     if not MIN_ROWS_PER_THREAD * threads <= rows <= MAX_CHAIN_ROWS:
         return False
     share = _L2_SHARE * caches.l2
@@ -194,7 +196,6 @@ class FuseGemmChains:
         self.caches = cache_sizes()
         self.mode = chain_mode(mode)
         self.streamed_rows = streamed_rows_per_thread(target)
-        self._model_weights: int | None = None  # the current dataflow block's GEMM weights
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         if self.mode == "off":
@@ -240,15 +241,15 @@ class FuseGemmChains:
                     and user.rows == layer.rows:
                 next_of[var] = users[0]
         heads = [v for v in next_of if v not in set(next_of.values())]
-        self._model_weights = sum(layer.weight_bytes for layer in layers.values()
-                                  if layer is not None)
+        # Every chainable layer's weights: between calls they evict a chain's.
+        block_weights = sum(layer.weight_bytes for layer in layers.values() if layer is not None)
         replace, drop = {}, set()
         for head in heads:
             chain = [head]
             while chain[-1] in next_of:
                 chain.append(next_of[chain[-1]])
             members = [layers[v] for v in chain]
-            chosen = self._longest_winning(members)
+            chosen = self._longest_winning(members, block_weights)
             if len(chosen) < 2:
                 continue
             gvar, args = self._merge(mod, builder, chosen, count)
@@ -263,13 +264,13 @@ class FuseGemmChains:
         bindings = [replace.get(b.var, b) for b in block.bindings if b.var not in drop]
         return relax.DataflowBlock(bindings, block.span), True, count
 
-    def _longest_winning(self, members: list[_Layer]) -> list[_Layer]:
+    def _longest_winning(self, members: list[_Layer], block_weights: int) -> list[_Layer]:
         """The first run of two or more layers the template can take and the cost model
         accepts (in ``"all"`` mode: the template alone)."""
         chosen: list[_Layer] = []
         for layer in members:
             candidate = [*chosen, layer]
-            if self._accepts(candidate):
+            if self._accepts(candidate, block_weights):
                 chosen = candidate
             elif len(chosen) >= 2:
                 break
@@ -277,7 +278,7 @@ class FuseGemmChains:
                 chosen = [layer]
         return chosen
 
-    def _accepts(self, layers: list[_Layer]) -> bool:
+    def _accepts(self, layers: list[_Layer], block_weights: int) -> bool:
         if len(layers) < 2:
             return True
         shape = ChainShape(layers[0].rows, tuple(layer.shape for layer in layers),
@@ -289,7 +290,7 @@ class FuseGemmChains:
             return True
         weights = sum(layer.weight_bytes for layer in layers)
         return (chain_wins(shape.m, weights, self.caches, self.threads, self.streamed_rows,
-                           self._model_weights)
+                           block_weights)
                 and not thin_tiles(shape, variants[0], self.target))
 
     @staticmethod

@@ -77,7 +77,8 @@ The model, in the spirit of the oneDNN Graph Compiler's:
    of 64 rows gain nothing (2048^3: 1.0x with 256 or 512 rows; 1024 x 4096 x 1024, 128 rows:
    0.85-0.96x with more), nor did the K blocks of rule 3 in their place for 32-row blocks of
    8 x 32 tiles (1024 x 1024 x 3072 0.90-0.99x). Unmeasured on 256-bit tiles and for integer
-   and bf16 kernels, which keep rule 2.
+   and bf16 kernels, which keep rule 2, and on AMD CPUs (whose L3 a core reads faster; the
+   rule applies there too) and small L3s (it does not apply: :data:`_STREAM_L3_BLOCKS`).
 """
 
 from __future__ import annotations
@@ -186,6 +187,8 @@ _K_SPLIT_MIN_L2S = 4
 # panel; see the module docstring for the measurements).
 _STREAM_MIN_ROWS = 64
 _STREAM_A_L2S = 2
+# ...where the L3 holds this many such blocks (a small L3 would send them to memory).
+_STREAM_L3_BLOCKS = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -425,7 +428,8 @@ def _best_padding(shape: GemmShape, kernels: list[Microkernel], value, threshold
 
 def thread_balance(shape: GemmShape, kernel: Microkernel, caches: CacheSizes,
                    threads: int) -> float:
-    """The share of ``threads`` that rule 2's blocks for ``kernel`` keep busy: ``blocks /
+    """The share of ``threads`` that the blocks for ``kernel`` (:func:`choose_blocks`: rule 2,
+    or 5) keep busy: ``blocks /
     (threads * ceil(blocks / threads))``, ``N`` padded to whole tiles (777 rows on 7x32 tiles
     make 12 blocks for 16 threads: 0.75)."""
     n = -(-shape.n // kernel.nr) * kernel.nr
@@ -556,8 +560,10 @@ def a_from_l3_rows(shape: GemmShape, kernel: Microkernel, caches: CacheSizes) ->
     0 where rule 2's constraint stands: 512-bit fp32 vector tiles over weights that stream
     (:func:`streams_weights`) where that constraint leaves blocks of under
     :data:`_STREAM_MIN_ROWS` rows (``K`` large) although ``M`` has more. Such a block's ``A``
-    may then take :data:`_STREAM_A_L2S` L2s, with one ``B`` panel in half of L2."""
+    may then take :data:`_STREAM_A_L2S` L2s, with one ``B`` panel in half of L2, where the L3
+    holds :data:`_STREAM_L3_BLOCKS` such blocks (else they would come from memory)."""
     if (kernel.in_dtype != "float32" or kernel.vector_bits != 512 or kernel.per_block
+            or _STREAM_A_L2S * caches.l2 * _STREAM_L3_BLOCKS > caches.l3
             or not streams_weights(shape, kernel, caches)
             or kernel.nr * shape.k * shape.itemsize > caches.l2 // 2):
         return 0
@@ -642,7 +648,7 @@ def k_split_blocks(shape: GemmShape, kernel: Microkernel, caches: CacheSizes,
     if not (k_block and streams_weights(shape, kernel, caches) and m_block * kernel.mr < shape.m):
         return None
     split_m, split_n = choose_blocks(dataclasses.replace(shape, k=k_block), kernel, caches,
-                                     threads)
+                                     threads, l3_rows=False)
     return (split_m, split_n, k_block) if split_m * kernel.mr == shape.m else None
 
 

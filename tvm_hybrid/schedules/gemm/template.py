@@ -5,7 +5,7 @@ nest is::
 
     parallel for (b..., m_block, n_block):        # blocks spread over the cores
       for n_tile in n_block:                      # one K x nr panel of B stays hot
-        for m_tile in m_block:                    # A block stays in L2
+        for m_tile in m_block:                    # A block stays in L2 (L3: rule 5)
           acc[mr, nr] = 0
           acc += A[m_tile, :] @ B[:, n_tile]      # tensorized microkernel, whole K
           C[m_tile, n_tile] = epilogue(acc)       # bias, activation, residual... while hot
