@@ -429,9 +429,8 @@ def _best_padding(shape: GemmShape, kernels: list[Microkernel], value, threshold
 def thread_balance(shape: GemmShape, kernel: Microkernel, caches: CacheSizes,
                    threads: int) -> float:
     """The share of ``threads`` that the blocks for ``kernel`` (:func:`choose_blocks`: rule 2,
-    or 5) keep busy: ``blocks /
-    (threads * ceil(blocks / threads))``, ``N`` padded to whole tiles (777 rows on 7x32 tiles
-    make 12 blocks for 16 threads: 0.75)."""
+    or 5) keep busy: ``blocks / (threads * ceil(blocks / threads))``, ``N`` padded to whole
+    tiles (777 rows on 7x32 tiles make 12 blocks for 16 threads: 0.75)."""
     n = -(-shape.n // kernel.nr) * kernel.nr
     tiled = dataclasses.replace(shape, n=n)
     m_block, n_block = choose_blocks(tiled, kernel, caches, threads)
@@ -520,10 +519,9 @@ def choose_blocks(shape: GemmShape, kernel: Microkernel, caches: CacheSizes,
     best, best_cost, best_balance = (1, 1), math.inf, 0.0
     busy, busy_cost = (1, 1), math.inf
     for mb in _divisors(m_tiles):
-        if a_from_l3:
-            if mb * kernel.mr > a_from_l3:
-                continue
-        elif mb > 1 and (mb * kernel.mr + kernel.nr) * shape.k * shape.itemsize > budget:
+        rows_fit = mb * kernel.mr <= a_from_l3 if a_from_l3 else \
+            mb == 1 or _a_and_panel_fit(shape, kernel, mb * kernel.mr, budget)
+        if not rows_fit:
             continue
         for nb in _divisors(n_tiles):
             if (kernel.per_block and (mb, nb) != (1, 1) and mb * kernel.mr * nb * kernel.nr * 4
@@ -544,15 +542,18 @@ def choose_blocks(shape: GemmShape, kernel: Microkernel, caches: CacheSizes,
     return best
 
 
+def _a_and_panel_fit(shape: GemmShape, kernel: Microkernel, rows: int, budget: int) -> bool:
+    """Rule 2's constraint: ``rows`` of ``A`` and one ``B`` panel, whole ``K``, in ``budget``
+    bytes."""
+    return (rows + kernel.nr) * shape.k * shape.itemsize <= budget
+
+
 def _l2_rows(shape: GemmShape, kernel: Microkernel, caches: CacheSizes) -> int:
-    """The most rows of a whole-``K`` block whose ``A`` plus one ``B`` panel fit in half of
-    L2 (rule 2's constraint), in whole row tiles dividing ``M``."""
-    budget = caches.l2 // 2
-    rows = kernel.mr
-    for mb in _divisors(shape.m // kernel.mr):
-        if (mb * kernel.mr + kernel.nr) * shape.k * shape.itemsize <= budget:
-            rows = mb * kernel.mr
-    return rows
+    """The most rows of a whole-``K`` block that rule 2's constraint allows in half of L2, in
+    whole row tiles dividing ``M`` (one tile at least)."""
+    fitting = [mb * kernel.mr for mb in _divisors(shape.m // kernel.mr)
+               if _a_and_panel_fit(shape, kernel, mb * kernel.mr, caches.l2 // 2)]
+    return max(fitting, default=kernel.mr)
 
 
 def a_from_l3_rows(shape: GemmShape, kernel: Microkernel, caches: CacheSizes) -> int:
