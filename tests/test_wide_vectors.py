@@ -12,10 +12,12 @@ import re
 import numpy as np
 import onnx
 import pytest
+import tvm
 from onnx import TensorProto, helper, numpy_helper
 
 import tvm_hybrid
 from tvm_hybrid.host import NARROW_VECTORS, make_target, target_features, wide_vectors
+from tvm_hybrid.tuning.records import target_identity
 
 
 @pytest.mark.parametrize("mcpu", ["skylake-avx512", "icelake-server", "sapphirerapids",
@@ -74,3 +76,12 @@ def test_the_rounding_is_vectorized_on_zmm():
     wide, narrow = _rounding_registers([]), _rounding_registers([f"+{NARROW_VECTORS}"])
     assert "zmm" in wide and "ymm" not in wide
     assert "ymm" in narrow and "zmm" not in narrow
+
+
+def test_tuning_records_made_without_it_still_apply():
+    made = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2})
+    now = make_target({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2})
+    assert "mattr" not in made.attrs and "mattr" in now.attrs
+    assert target_identity(made) == target_identity(now)
+    hidden = make_target({"kind": "llvm", "mcpu": "sapphirerapids", "mattr": ["-amx-tile"]})
+    assert target_identity(hidden)["mattr"] == ["-amx-tile"]
