@@ -154,14 +154,17 @@ def wide_vectors(target: Target) -> Target:
     features = target_features(target)
     if NARROW_VECTORS not in features or "avx512f" not in features:
         return target
-    mattr = [str(m) for m in target.attrs.get("mattr", [])]
-    if any(m.lstrip("+-") == NARROW_VECTORS for m in mattr):
+    spec = target_to_dict(target)
+    mattr = spec.get("mattr", [])
+    if any(names_narrow_vectors(m) for m in mattr):
         return target
-    spec = {str(k): v for k, v in target.export().items()}
     spec["mattr"] = [*mattr, f"-{NARROW_VECTORS}"]
-    if isinstance(spec.get("keys"), tuple):
-        spec["keys"] = list(spec["keys"])
     return Target(spec)
+
+
+def names_narrow_vectors(mattr_entry: str) -> bool:
+    """Whether an ``mattr`` entry turns :data:`NARROW_VECTORS` on or off."""
+    return str(mattr_entry).lstrip("+-") == NARROW_VECTORS
 
 
 @cache

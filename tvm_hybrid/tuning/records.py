@@ -23,7 +23,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 
 from ..errors import TuningRecordsError, first_line
-from ..host import NARROW_VECTORS, target_to_dict
+from ..host import names_narrow_vectors, target_to_dict
 from ..microkernels import ensure_tensor_intrin
 from ..microkernels.registry import INTRIN_PREFIX
 from .attention import AttentionRecord
@@ -39,7 +39,7 @@ def target_identity(target: Target) -> dict:
     vector width LLVM's vectorizers prefer, :func:`~tvm_hybrid.host.wide_vectors`: records made
     before that was set still apply)."""
     spec = target_to_dict(target)
-    attrs = [a for a in spec.get("mattr") or [] if str(a).lstrip("+-") != NARROW_VECTORS]
+    attrs = [a for a in spec.get("mattr") or [] if not names_narrow_vectors(a)]
     return {
         "mcpu": spec.get("mcpu"),
         "mattr": sorted(str(a) for a in attrs),
