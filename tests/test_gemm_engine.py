@@ -316,15 +316,23 @@ def _avx2_tile(mr: int, nr: int):
 
 def test_k_block_size():
     """1 KiB of a row of A per K block: 256 fp32 (or the largest divisor of K down to 128),
-    1024 u8; none when K is one block already or has no such divisor."""
+    1024 u8; none when K is one block already or has no such divisor. A panel's block is kept
+    within three quarters of L1: 48-column panels take 192 with a 48 KiB L1, 32-column ones
+    keep 256, and AVX2's 24-column ones keep 256 with a 32 KiB L1."""
     tile = _avx2_tile(4, 24)
-    assert k_block_size(GemmShape(1, 52, 528, 4608), tile) == 256
-    assert k_block_size(GemmShape(1, 52, 528, 1152), tile) == 192
-    assert k_block_size(GemmShape(1, 52, 528, 256), tile) == 0
-    assert k_block_size(GemmShape(1, 52, 528, 4099), tile) == 0  # prime
+    assert k_block_size(GemmShape(1, 52, 528, 4608), tile, _ZEN3) == 256
+    assert k_block_size(GemmShape(1, 52, 528, 1152), tile, _ZEN3) == 192
+    assert k_block_size(GemmShape(1, 52, 528, 256), tile, _ZEN3) == 0
+    assert k_block_size(GemmShape(1, 52, 528, 4099), tile, _ZEN3) == 0  # prime
     u8 = microkernels_for(_HASWELL, "uint8")[0]
-    assert k_block_size(GemmShape(1, 52, 528, 8192), u8) == 1024
-    assert k_block_size(GemmShape(1, 52, 528, 4608), u8) == 768
+    assert k_block_size(GemmShape(1, 52, 528, 8192), u8, _ZEN3) == 1024
+    assert k_block_size(GemmShape(1, 52, 528, 4608), u8, _ZEN3) == 768
+    l1_48k = CacheSizes(l1d=48 * 1024, l2=2 << 20, l3=32 << 20)
+    wide = next(k for k in fma.AVX512.kernels if (k.mr, k.nr) == (8, 48))
+    narrow = next(k for k in fma.AVX512.kernels if (k.mr, k.nr) == (7, 32))
+    assert k_block_size(GemmShape(1, 128, 768, 3072), wide, l1_48k) == 192
+    assert k_block_size(GemmShape(1, 49, 512, 4608), narrow, l1_48k) == 256
+    assert k_block_size(GemmShape(1, 49, 512, 4608), narrow, _ZEN3) == 192  # 32 KiB L1
 
 
 def test_k_blocks_where_one_block_then_covers_m():
@@ -345,17 +353,21 @@ def test_k_blocks_where_one_block_then_covers_m():
     assert choose_knobs(GemmShape(1, 196, 144, 320), [tile], _ZEN3, 2).k_block == 0
 
 
-def test_whole_k_where_all_of_a_stays_in_l2():
-    """BERT-base's FFN2 (128 x 3072 of A, 1.5 MiB; 9 MiB of weights): with a 2 MiB L2 the
-    whole K over one block of all 128 rows (A re-read from L2, each B panel read once); with
-    the Zen 3's 512 KiB, K blocks of 256."""
-    tile = _avx2_tile(4, 24)
-    ffn2 = GemmShape(1, 128, 768, 3072)
+def test_k_blocks_where_all_of_a_stays_in_l2():
+    """BERT-base's FFN2 (128 x 3072 of A, 1.5 MiB; 9 MiB of weights) and ResNet-50's last
+    3x3 convolution as a GEMM (49 x 4608 of A, 0.9 MiB): with a 2 MiB L2 all of A fits, yet
+    rule 3's K blocks over one block of all the rows, each panel's K block in L1 (192 for 8 x
+    48 tiles, 256 for 7 x 32 ones); with the Zen 3's 512 KiB, K blocks of 256 too."""
     l2_2mib = CacheSizes(l1d=48 * 1024, l2=2 << 20, l3=32 << 20)
-    assert choose_blocks(ffn2, tile, l2_2mib, threads=2)[0] * tile.mr < 128
-    knobs = choose_knobs(ffn2, [tile], l2_2mib, 2)
-    assert (knobs.k_block, knobs.m_block * tile.mr) == (0, 128), knobs
-    knobs = choose_knobs(ffn2, [tile], _ZEN3, 2)
+    wide = next(k for k in fma.AVX512.kernels if (k.mr, k.nr) == (8, 48))
+    narrow = next(k for k in fma.AVX512.kernels if (k.mr, k.nr) == (7, 32))
+    for tile, shape, k_block in ((wide, GemmShape(1, 128, 768, 3072), 192),
+                                 (narrow, GemmShape(1, 49, 512, 4608), 256)):
+        assert choose_blocks(shape, tile, l2_2mib, 2, l3_rows=False)[0] * tile.mr < shape.m
+        knobs = choose_knobs(shape, [tile], l2_2mib, 2)
+        assert (knobs.k_block, knobs.m_block * tile.mr) == (k_block, shape.m), knobs
+    tile = _avx2_tile(4, 24)
+    knobs = choose_knobs(GemmShape(1, 128, 768, 3072), [tile], _ZEN3, 2)
     assert (knobs.k_block, knobs.m_block * tile.mr) == (256, 128), knobs
 
 
@@ -379,7 +391,7 @@ def test_a_from_l3_where_weights_stream_past_small_blocks():
     # Rule 3 first: 512 rows (or 256, within rule 5's cap) are one K-blocked block.
     for rows in (256, 512):
         knobs = choose_knobs(GemmShape(1, rows, 768, 3072), [tile], l2_2mib, 2)
-        assert (knobs.k_block, knobs.m_block * tile.mr) == (256, rows), knobs
+        assert (knobs.k_block, knobs.m_block * tile.mr) == (192, rows), knobs
     small_l3 = CacheSizes(l1d=48 * 1024, l2=2 << 20, l3=8 << 20)  # 2 blocks of 4 MiB
     assert a_from_l3_rows(ffn2, tile, small_l3) == 0
     assert a_from_l3_rows(GemmShape(1, 2048, 2048, 2048), narrow, l2_2mib) == 0  # 64 rows

@@ -128,15 +128,15 @@ def _gemm_reads_weights_once(target: Target, rows: int, cols: int, depth: int) -
     the GEMM heuristic's rule 3 applies (:func:`~..schedules.gemm.heuristics.k_split_blocks`:
     weights of several L2s, too few rows per whole-``K`` block of half an L2 to cover the
     output, one block of all the rows with ``K`` blocks) and the im2col buffer stays in a
-    core's L2. The GEMM then multiplies each block of the weights with every row tile (over
-    the whole ``K``, since its ``A``, the im2col buffer, is in L2); the direct kernel, with no
-    ``K`` blocks, streams the weights for its first row tile at that tile's pace and waits on
-    memory.
+    core's L2. The GEMM then multiplies each ``K`` block of the weights with every row tile
+    while it is in L1; the direct kernel, with no ``K`` blocks, streams the weights for its
+    first row tile at that tile's pace and waits on memory.
 
     Same process on a 2-core Emerald Rapids (2 MiB L2), outputs identical: ResNet-50's last
     stage (512 channels of 3x3 taps on 7 x 7 pixels, 9.4 MB of weights, 0.9 MB of im2col)
-    1.05-1.06x on the whole model (9 of 9 rounds) with the GEMM in ``K`` blocks of 256, and the
-    same over the whole ``K`` (0.999x against the ``K`` blocks, 11 rounds); VGG-19's 14 x 14
+    1.05-1.06x on the whole model (9 of 9 rounds) with the GEMM in ``K`` blocks of 256 (it
+    later ran over the whole ``K`` where the im2col fits L2, and the model 1.022x faster in
+    ``K`` blocks again, 9 of 11 rounds: ``heuristics.k_block_size``); VGG-19's 14 x 14
     ones (3.6 MB of im2col) lost (0.95x) and keep the direct kernel."""
     if rows * depth * 4 > cache_sizes().l2:
         return False

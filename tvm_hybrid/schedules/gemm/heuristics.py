@@ -50,13 +50,14 @@ The model, in the spirit of the oneDNN Graph Compiler's:
    blocks do not cover ``M`` either (196x2304x256: 28-row blocks) the passes over ``B`` stay
    and the split measured 12.3 -> 14.0 ms: the whole ``K`` is kept. So it is for weights
    under :data:`_K_SPLIT_MIN_L2S` L2s, which the passes find in L2 or L3 anyway: Inception
-   v1's and SqueezeNet's (0.2-1.3 MB) ran 4-7% slower split. Nor where all of ``A`` (``M x
-   K``) fits in L2: the whole ``K`` over the split's blocks (all of ``M``) also reads each
-   ``B`` panel once, its row tiles re-reading ``A`` from L2. On a 2-core Emerald Rapids (2
-   MiB L2), BERT-base's FFN2 (128 rows over 3072 x 768 weights, 1.5 MiB of ``A``) took 6-8%
-   less time in the batch-8 layer that way (three runs; 0-5% at batch 1), and the layer ran
-   1.023x (batch 1) and 1.027x (batch 8) faster, each in 14 of 15 rounds; ResNet-50's 49 x
-   4608 x 512 GEMMs (0.9 MiB of ``A``) changed nothing (the model 0.999x).
+   v1's and SqueezeNet's (0.2-1.3 MB) ran 4-7% slower split. A ``K`` block of a ``B`` panel
+   is also kept within three quarters of L1 (:func:`k_block_size`); the split then pays even
+   where all of ``A`` (``M x K``) fits in L2, where over the whole ``K`` every row tile
+   re-reads its panel and its rows of ``A`` from L2. On a 2-core Emerald Rapids (48 KiB L1,
+   2 MiB L2), the GEMM alone, same process, 9 rounds, outputs identical: ResNet-50's 49 x
+   4608 x 512 (7 x 32 tiles, ``K`` blocks of 256) 1.155x, BERT-base's FFN2 at batch 1, 128 x
+   3072 x 768 (8 x 48 tiles, blocks of 192) 1.042x. (Both had kept the whole ``K`` after
+   blocks of 256 on 48-column panels, 48 KiB, all of L1, lost 6-8% on that FFN2.)
 4. **Prefetch.** With weights larger than L2, the first row tile to pass over a panel reads it
    from L3 or memory at their pace (a 128 x 3072 x 768 GEMM: 2.67 ms with its weights cold
    against 2.24 ms warm on a 2-core Emerald Rapids), so the 512-bit fp32 microkernel prefetches
@@ -180,6 +181,8 @@ _BLOCK_PAD_SPEEDUP = {"uint8": 2.0, "bfloat16": 6.0}
 #: Bytes of a row of ``A`` per ``K`` block (rule 3): 256 fp32, 512 bf16, 1024 int8. One ``K``
 #: block of a 24- or 32-column ``B`` panel is then 24-32 KiB (fp32), about L1.
 _K_BLOCK_BYTES = 1024
+#: ...and one ``K`` block of a ``B`` panel at most this share of L1 (:func:`k_block_size`).
+_K_BLOCK_L1_SHARE = 0.75
 #: ...and ``K`` is split only for weights of at least this many L2s (rule 3).
 _K_SPLIT_MIN_L2S = 4
 # Rule 5: where rule 2's constraint leaves whole-``K`` blocks of under this many rows over
@@ -623,12 +626,25 @@ def stack_accumulator(kernel: Microkernel, k_block: int = 0) -> bool:
             and kernel.mr * kernel.nr * _ACCUMULATOR_BYTES < STACK_BYTES)
 
 
-def k_block_size(shape: GemmShape, kernel: Microkernel) -> int:
+def k_block_size(shape: GemmShape, kernel: Microkernel, caches: CacheSizes | None = None) -> int:
     """The ``K`` per block when the reduction is split (rule 3): the largest divisor of ``K``
-    that is a whole number of the kernel's ``K`` groups and at most :data:`_K_BLOCK_BYTES` of a
-    row of ``A``, if at least half that; else 0 (``K`` small, or no such divisor: whole ``K``).
-    Per-block kernels (AMX) take the whole ``K``."""
-    most = _K_BLOCK_BYTES // _INPUT_BYTES.get(kernel.in_dtype, 4)
+    that is a whole number of the kernel's ``K`` groups, at most :data:`_K_BLOCK_BYTES` of a
+    row of ``A`` and at most :data:`_K_BLOCK_L1_SHARE` of L1 (``caches``: this host's by
+    default) for one block of a ``B`` panel, if at least half the lesser bound; else 0 (``K``
+    small, or no such divisor: whole ``K``). Per-block kernels (AMX) take the whole ``K``.
+
+    The panel's block is multiplied with every row tile of a block while it stays in L1; one
+    that fills L1 is evicted by the rows of ``A`` and re-read from L2. With a 48 KiB L1, 8 x 48
+    tiles (48-column panels) over 3072 x 768 weights, same process on a 2-core Emerald Rapids,
+    9 rounds, against ``K`` blocks of 256 (48 KiB of the panel): 192 (36 KiB) 1.033x for 256
+    rows, 1.015x for 512; against the whole ``K``, 1.042x for 128 rows. 32-column panels keep
+    256 (32 KiB); a 32 KiB L1 keeps 256 for AVX2's 24-column panels. The bound is unmeasured
+    on integer and bf16 kernels and on 32 KiB L1s with 512-bit tiles (Zen 4), where it takes
+    smaller blocks (1024 u8 on a 32-column panel, 32 KiB, becomes 512)."""
+    itemsize = _INPUT_BYTES.get(kernel.in_dtype, 4)
+    caches = caches or cache_sizes()
+    most = min(_K_BLOCK_BYTES // itemsize,
+               int(caches.l1d * _K_BLOCK_L1_SHARE) // (kernel.panel_width * itemsize))
     if kernel.per_block or shape.k <= most:
         return 0
     granule = kernel.k_granule
@@ -645,7 +661,7 @@ def k_split_blocks(shape: GemmShape, kernel: Microkernel, caches: CacheSizes,
     ``K`` blocks one block holds all of ``M`` (each ``B`` panel is then read once for every
     row tile); else None."""
     m_block, _ = choose_blocks(shape, kernel, caches, threads, l3_rows=False)
-    k_block = k_block_size(shape, kernel)
+    k_block = k_block_size(shape, kernel, caches)
     if not (k_block and streams_weights(shape, kernel, caches) and m_block * kernel.mr < shape.m):
         return None
     split_m, split_n = choose_blocks(dataclasses.replace(shape, k=k_block), kernel, caches,
@@ -655,15 +671,11 @@ def k_split_blocks(shape: GemmShape, kernel: Microkernel, caches: CacheSizes,
 
 def kernel_knobs(shape: GemmShape, kernel: Microkernel, caches: CacheSizes, threads: int,
                  order: str = "nm") -> GemmKnobs:
-    """``kernel``'s knobs for ``shape``: rule 2's blocks over the whole ``K``, or rule 3's
-    blocks (:func:`k_split_blocks`) with its ``K`` blocks, or with the whole ``K`` where all of
-    ``A`` fits in L2 (each ``B`` panel is read once all the same, the row tiles re-reading
-    ``A`` from L2)."""
+    """``kernel``'s knobs for ``shape``: rule 3's blocks with its ``K`` blocks
+    (:func:`k_split_blocks`) where they apply, else rule 2's blocks over the whole ``K``."""
     split = k_split_blocks(shape, kernel, caches, threads)
     if split is not None:
-        split_m, split_n, k_block = split
-        whole = shape.m * shape.k * shape.itemsize <= caches.l2
-        return GemmKnobs(kernel, split_m, split_n, order, 0 if whole else k_block)
+        return GemmKnobs(kernel, split[0], split[1], order, split[2])
     m_block, n_block = choose_blocks(shape, kernel, caches, threads)
     return GemmKnobs(kernel, m_block, n_block, order)
 

@@ -82,5 +82,5 @@ def size(shape: GemmShape, kernels: list[Microkernel]) -> int:
 def _k_splits(shape: GemmShape, kernel: Microkernel) -> list[int]:
     """The ``k_block`` values of ``kernel`` for ``shape``: 0 (whole ``K``) and the heuristic's
     block size where ``K`` has one."""
-    k_block = k_block_size(shape, kernel)
+    k_block = k_block_size(shape, kernel, cache_sizes())
     return [0, k_block] if k_block else [0]
