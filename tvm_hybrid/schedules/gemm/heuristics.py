@@ -626,12 +626,12 @@ def stack_accumulator(kernel: Microkernel, k_block: int = 0) -> bool:
             and kernel.mr * kernel.nr * _ACCUMULATOR_BYTES < STACK_BYTES)
 
 
-def k_block_size(shape: GemmShape, kernel: Microkernel, caches: CacheSizes | None = None) -> int:
+def k_block_size(shape: GemmShape, kernel: Microkernel, caches: CacheSizes) -> int:
     """The ``K`` per block when the reduction is split (rule 3): the largest divisor of ``K``
     that is a whole number of the kernel's ``K`` groups, at most :data:`_K_BLOCK_BYTES` of a
-    row of ``A`` and at most :data:`_K_BLOCK_L1_SHARE` of L1 (``caches``: this host's by
-    default) for one block of a ``B`` panel, if at least half the lesser bound; else 0 (``K``
-    small, or no such divisor: whole ``K``). Per-block kernels (AMX) take the whole ``K``.
+    row of ``A`` and at most :data:`_K_BLOCK_L1_SHARE` of ``caches``' L1 for one block of a
+    ``B`` panel, if at least half the lesser bound; else 0 (``K`` small, or no such divisor:
+    whole ``K``). Per-block kernels (AMX) take the whole ``K``.
 
     The panel's block is multiplied with every row tile of a block while it stays in L1; one
     that fills L1 is evicted by the rows of ``A`` and re-read from L2. With a 48 KiB L1, 8 x 48
@@ -642,7 +642,6 @@ def k_block_size(shape: GemmShape, kernel: Microkernel, caches: CacheSizes | Non
     on integer and bf16 kernels and on 32 KiB L1s with 512-bit tiles (Zen 4), where it takes
     smaller blocks (1024 u8 on a 32-column panel, 32 KiB, becomes 512)."""
     itemsize = _INPUT_BYTES.get(kernel.in_dtype, 4)
-    caches = caches or cache_sizes()
     most = min(_K_BLOCK_BYTES // itemsize,
                int(caches.l1d * _K_BLOCK_L1_SHARE) // (kernel.panel_width * itemsize))
     if kernel.per_block or shape.k <= most:
