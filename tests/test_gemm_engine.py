@@ -318,7 +318,8 @@ def test_k_block_size():
     """1 KiB of a row of A per K block: 256 fp32 (or the largest divisor of K down to 128),
     1024 u8; none when K is one block already or has no such divisor. A panel's block is kept
     within three quarters of L1: 48-column panels take 192 with a 48 KiB L1, 32-column ones
-    keep 256, and AVX2's 24-column ones keep 256 with a 32 KiB L1."""
+    keep 256, and AVX2's 24-column ones keep 256 with a 32 KiB L1. Integer and bf16 tiles
+    keep the row bound alone (1024 u8, 512 bf16) with a 32 KiB L1 (Zen 4)."""
     tile = _avx2_tile(4, 24)
     assert k_block_size(GemmShape(1, 52, 528, 4608), tile, _ZEN3) == 256
     assert k_block_size(GemmShape(1, 52, 528, 1152), tile, _ZEN3) == 192
@@ -333,6 +334,13 @@ def test_k_block_size():
     assert k_block_size(GemmShape(1, 128, 768, 3072), wide, l1_48k) == 192
     assert k_block_size(GemmShape(1, 49, 512, 4608), narrow, l1_48k) == 256
     assert k_block_size(GemmShape(1, 49, 512, 4608), narrow, _ZEN3) == 192  # 32 KiB L1
+    assert k_block_size(GemmShape(1, 128, 768, 3072), wide, _ZEN3) == 128
+    zen4 = tvm_hybrid.make_target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+    vnni = next(k for k in microkernels_for(zen4, "uint8") if (k.mr, k.nr) == (8, 32))
+    bf16 = next(k for k in microkernels_for(zen4, "bfloat16") if (k.mr, k.nr) == (8, 32))
+    assert (vnni.isa, bf16.isa) == ("avx512_vnni", "avx512_bf16")
+    assert k_block_size(GemmShape(1, 256, 1024, 4096, 1), vnni, _ZEN3) == 1024
+    assert k_block_size(GemmShape(1, 128, 768, 3072, 2), bf16, _ZEN3) == 512
 
 
 def test_k_blocks_where_one_block_then_covers_m():

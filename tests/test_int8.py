@@ -279,15 +279,16 @@ def test_k_blocked_integer_gemm_is_bit_exact(k, weight_range, isa, k_block, monk
 
 
 def test_k_blocked_vnni_gemm_compiles(monkeypatch):
-    """The VNNI family takes K blocks too (Zen 4 code, compiled and read here): 512 with a
-    32 KiB L1, where a 32-column panel's block of 1024 (1 KiB of a row of A) would fill it."""
+    """The VNNI family takes K blocks too (Zen 4 code, compiled and read here): 1024 (1 KiB of
+    a row of A) with a 32 KiB L1, although a 32-column panel's block then fills it (smaller
+    blocks lost there; the L1 bound is fp32's)."""
     monkeypatch.setattr("tvm_hybrid.schedules.gemm.template.cache_sizes",
                         lambda: CacheSizes(l1d=32 * 1024, l2=128 * 1024, l3=8 << 20))
     target = make_target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
     wl = workloads.matmul_integer(24, 88, 8192, activations="uint8", zero_point=3)
     model = tvm_hybrid.compile(wl.model, target)
     notes = _template_notes(model)
-    assert notes and all(n.startswith("avx512_vnni") and "K blocks of 512" in n
+    assert notes and all(n.startswith("avx512_vnni") and "K blocks of 1024" in n
                          for n in notes), notes
     assert "vpdpbusd" in model.inspect_source("asm")
 

@@ -50,8 +50,8 @@ The model, in the spirit of the oneDNN Graph Compiler's:
    blocks do not cover ``M`` either (196x2304x256: 28-row blocks) the passes over ``B`` stay
    and the split measured 12.3 -> 14.0 ms: the whole ``K`` is kept. So it is for weights
    under :data:`_K_SPLIT_MIN_L2S` L2s, which the passes find in L2 or L3 anyway: Inception
-   v1's and SqueezeNet's (0.2-1.3 MB) ran 4-7% slower split. A ``K`` block of a ``B`` panel
-   is also kept within three quarters of L1 (:func:`k_block_size`); the split then pays even
+   v1's and SqueezeNet's (0.2-1.3 MB) ran 4-7% slower split. An fp32 ``K`` block of a ``B``
+   panel is also kept within three quarters of L1 (:func:`k_block_size`); the split then pays even
    where all of ``A`` (``M x K``) fits in L2, where over the whole ``K`` every row tile
    re-reads its panel and its rows of ``A`` from L2. On a 2-core Emerald Rapids (48 KiB L1,
    2 MiB L2), the GEMM alone, same process, 9 rounds, outputs identical: ResNet-50's 49 x
@@ -181,8 +181,11 @@ _BLOCK_PAD_SPEEDUP = {"uint8": 2.0, "bfloat16": 6.0}
 #: Bytes of a row of ``A`` per ``K`` block (rule 3): 256 fp32, 512 bf16, 1024 int8. One ``K``
 #: block of a 24- or 32-column ``B`` panel is then 24-32 KiB (fp32), about L1.
 _K_BLOCK_BYTES = 1024
-#: ...and one ``K`` block of a ``B`` panel at most this share of L1 (:func:`k_block_size`).
+#: ...and, for fp32 tiles, one ``K`` block of a ``B`` panel at most this share of L1
+#: (:func:`k_block_size`).
 _K_BLOCK_L1_SHARE = 0.75
+#: The operand types whose ``K`` blocks that share bounds (measured to gain, or not to lose).
+_K_BLOCK_L1_DTYPES = frozenset({"float32"})
 #: ...and ``K`` is split only for weights of at least this many L2s (rule 3).
 _K_SPLIT_MIN_L2S = 4
 # Rule 5: where rule 2's constraint leaves whole-``K`` blocks of under this many rows over
@@ -629,21 +632,28 @@ def stack_accumulator(kernel: Microkernel, k_block: int = 0) -> bool:
 def k_block_size(shape: GemmShape, kernel: Microkernel, caches: CacheSizes) -> int:
     """The ``K`` per block when the reduction is split (rule 3): the largest divisor of ``K``
     that is a whole number of the kernel's ``K`` groups, at most :data:`_K_BLOCK_BYTES` of a
-    row of ``A`` and at most :data:`_K_BLOCK_L1_SHARE` of ``caches``' L1 for one block of a
-    ``B`` panel, if at least half the lesser bound; else 0 (``K`` small, or no such divisor:
-    whole ``K``). Per-block kernels (AMX) take the whole ``K``.
+    row of ``A`` and, for fp32 tiles, at most :data:`_K_BLOCK_L1_SHARE` of ``caches``' L1 for
+    one block of a ``B`` panel, if at least half the lesser bound; else 0 (``K`` small, or no
+    such divisor: whole ``K``). Per-block kernels (AMX) take the whole ``K``.
 
     The panel's block is multiplied with every row tile of a block while it stays in L1; one
     that fills L1 is evicted by the rows of ``A`` and re-read from L2. With a 48 KiB L1, 8 x 48
     tiles (48-column panels) over 3072 x 768 weights, same process on a 2-core Emerald Rapids,
     9 rounds, against ``K`` blocks of 256 (48 KiB of the panel): 192 (36 KiB) 1.033x for 256
     rows, 1.015x for 512; against the whole ``K``, 1.042x for 128 rows. 32-column panels keep
-    256 (32 KiB); a 32 KiB L1 keeps 256 for AVX2's 24-column panels. The bound is unmeasured
-    on integer and bf16 kernels and on 32 KiB L1s with 512-bit tiles (Zen 4), where it takes
-    smaller blocks (1024 u8 on a 32-column panel, 32 KiB, becomes 512)."""
+    256 (32 KiB); a 32 KiB L1 keeps 256 for AVX2's 24-column panels. On a 2-core Zen 4 (32 KiB
+    L1), where 48-column panels take 128, same process, 11 rounds, against 256: the BERT-base
+    layer b1 1.005x, 128x3072x768 1.035x, 128x768x3072 0.98x.
+
+    Integer and bf16 tiles keep the row bound alone: on that Zen 4 the L1 bound's smaller
+    blocks lost, same process, 11 rounds, outputs identical: VNNI u8 on 32-column panels, 512
+    against 1024 (32 KiB), 0.96x for 512x1024x4096 (10 of 11 rounds), 0.98-0.99x for 128 and
+    256 rows; bf16 512x1024x4096, 256 against the whole ``K``, 0.96x (10/11), the BERT-base
+    layer b8 and 128x768x3072 the same speed."""
     itemsize = _INPUT_BYTES.get(kernel.in_dtype, 4)
-    most = min(_K_BLOCK_BYTES // itemsize,
-               int(caches.l1d * _K_BLOCK_L1_SHARE) // (kernel.panel_width * itemsize))
+    most = _K_BLOCK_BYTES // itemsize
+    if kernel.in_dtype in _K_BLOCK_L1_DTYPES:
+        most = min(most, int(caches.l1d * _K_BLOCK_L1_SHARE) // (kernel.panel_width * itemsize))
     if kernel.per_block or shape.k <= most:
         return 0
     granule = kernel.k_granule
