@@ -71,6 +71,10 @@ def test_lane_dependent_conjunct_becomes_likely():
     # The column guard (it uses the vectorised v) is marked; the rows' guard is not.
     assert "T.likely(j * 16 + v < 37)" in after[0]
     assert "T.likely(p" not in after[0] and "p * 4 + i < 7" in after[0]
+    # A conjunct marked already is recognised (TVM 0.27 names the op "prim.likely"): a second
+    # run changes nothing, no T.likely(T.likely(...)).
+    peeled = peel_guarded_tails(_rows_parallel)
+    assert peel_guarded_tails(peeled).same_as(peeled)
 
 
 @pytest.mark.parametrize("func", [_columns_parallel, _scalar], ids=["parallel", "scalar"])

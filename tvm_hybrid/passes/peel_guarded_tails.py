@@ -117,7 +117,9 @@ def _conjuncts(expr) -> list:
 
 
 def _is_likely(expr) -> bool:
-    return isinstance(expr, ir_expr.Call) and getattr(expr.op, "name", "") == "tirx.likely"
+    # "prim.likely" in TVM 0.27 ("tirx." before): compare the name's last part
+    return isinstance(expr, ir_expr.Call) and \
+        getattr(expr.op, "name", "").rpartition(".")[2] == "likely"
 
 
 def _uses(expr, variables: set) -> bool:

@@ -91,7 +91,9 @@ def _calls_functions(stmt) -> bool:
 
     def on_call(node) -> None:
         nonlocal found
-        found |= getattr(node.op, "name", "") not in ("tirx.if_then_else", "tirx.likely")
+        # "prim.if_then_else" in TVM 0.27 ("tirx." before): compare the name's last part
+        found |= getattr(node.op, "name", "").rpartition(".")[2] not in ("if_then_else",
+                                                                          "likely")
 
     tvm_ffi.structural_walk(stmt.body, [(ir_expr.Call, on_call)])
     return found

@@ -172,7 +172,9 @@ def _is_plain_data_movement(block) -> bool:
 
     def on_call(node) -> None:
         nonlocal ok
-        ok &= getattr(node.op, "name", "") in ("tirx.if_then_else", "tirx.likely")
+        # "prim.if_then_else" in TVM 0.27 ("tirx." before): a check on the full name had never
+        # matched, so no padding was inlined into a reduction (module docstring, step 1)
+        ok &= getattr(node.op, "name", "").rpartition(".")[2] in ("if_then_else", "likely")
 
     def on_arith(_node) -> None:
         # arithmetic on values is work; on indices it is a reshape we do not want to inline
@@ -313,7 +315,15 @@ def _schedule_row_reduction(sch, block, info: SBlockInfo, lanes: int = 16) -> li
     Where the input's innermost axes are the reduced ones (a row reduction, or a whole-tensor
     min/max as ``DynamicQuantizeLinear`` computes), they fuse into one loop whose partial
     results run in vector lanes. Where the innermost axis is kept (a mean over the pixels of
-    an NHWC tensor) the reduction loops go outside it and it is vectorised.
+    an NHWC tensor, a pooling) the reduction loops go outside it and it is vectorised, on
+    the widest of ``lanes``, a half or a quarter of them that divides it. ShuffleNet's max
+    pooling over 24 channels had been left scalar, its index rebuilt from one counter for
+    every output; with 8 lanes (and its padding read in place, step 1) it took 0.080 ms
+    instead of 0.174, its average poolings 0.028 and 0.016 instead of 0.061 and 0.040 (2-core
+    Zen 4, ``tvm-hybrid profile``); the model ran 1.078x faster (same process, 11 rounds,
+    10 faster), YOLOX's padded 5x5 to 13x13 poolings 0.080, 0.045 and 0.015 ms instead of
+    0.128, 0.066 and 0.017. Other models (Inception v1 and v2, ResNet-50, SqueezeNet,
+    DenseNet-121, ocr_det, YOLOv8n, layout) were within 1.5% either way.
     """
     kinds = info.dom_kind()
     loops = sch.get_loops(block)
@@ -324,8 +334,9 @@ def _schedule_row_reduction(sch, block, info: SBlockInfo, lanes: int = 16) -> li
     worth = _worth_parallel(sch, loops)  # before fuse: fusing invalidates the loop handles
     innermost = _innermost_read_vars(sch.get(block), kinds)
     kept = _const_extent(sch, spatial[-1])
-    if innermost == "S" and kept is not None and kept % lanes == 0:
-        return _schedule_column_reduction(sch, block, spatial, reduce, lanes, worth)
+    width = next((w for w in (lanes, lanes // 2, lanes // 4) if kept and kept % w == 0), None)
+    if innermost == "S" and width is not None:
+        return _schedule_column_reduction(sch, block, spatial, reduce, width, worth)
     sch.reorder(*spatial, *reduce)
     fused = sch.fuse(*spatial)
     if worth:
