@@ -37,6 +37,8 @@ import tvm.ir.prim.expr as prim
 import tvm_ffi
 from tvm import s_tir, tirx
 
+from ..intrinsics import intrinsic_name
+
 #: The ``s_tir.LoopPartition`` option that lets it split loops of constant extent.
 _PARTITION_OPTION = "s_tir.LoopPartition"
 
@@ -117,9 +119,7 @@ def _conjuncts(expr) -> list:
 
 
 def _is_likely(expr) -> bool:
-    # "prim.likely" in TVM 0.27 ("tirx." before): compare the name's last part
-    return isinstance(expr, ir_expr.Call) and \
-        getattr(expr.op, "name", "").rpartition(".")[2] == "likely"
+    return isinstance(expr, ir_expr.Call) and intrinsic_name(expr) == "likely"
 
 
 def _uses(expr, variables: set) -> bool:

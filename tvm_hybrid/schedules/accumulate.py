@@ -8,6 +8,8 @@ import tvm.ir.prim.expr as prim
 import tvm_ffi
 from tvm import s_tir, tirx
 
+from ..intrinsics import SELECTS, intrinsic_name
+
 
 def accumulate_in_tile(sch: s_tir.Schedule, block, tile_loop, init_at,
                        lanes: int | None = None, vectorize_init: bool = True):
@@ -91,9 +93,7 @@ def _calls_functions(stmt) -> bool:
 
     def on_call(node) -> None:
         nonlocal found
-        # "prim.if_then_else" in TVM 0.27 ("tirx." before): compare the name's last part
-        found |= getattr(node.op, "name", "").rpartition(".")[2] not in ("if_then_else",
-                                                                          "likely")
+        found |= intrinsic_name(node) not in SELECTS
 
     tvm_ffi.structural_walk(stmt.body, [(ir_expr.Call, on_call)])
     return found

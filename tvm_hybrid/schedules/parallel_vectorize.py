@@ -38,6 +38,7 @@ from tvm.sym import Analyzer, detect_linear_equation
 from tvm.target import Target
 
 from ..errors import first_line
+from ..intrinsics import SELECTS, intrinsic_name
 from ..microkernels import vector_bits
 from .rule_failures import NotApplicable, function_name, rule_failed
 
@@ -172,9 +173,7 @@ def _is_plain_data_movement(block) -> bool:
 
     def on_call(node) -> None:
         nonlocal ok
-        # "prim.if_then_else" in TVM 0.27 ("tirx." before): a check on the full name had never
-        # matched, so no padding was inlined into a reduction (module docstring, step 1)
-        ok &= getattr(node.op, "name", "").rpartition(".")[2] in ("if_then_else", "likely")
+        ok &= intrinsic_name(node) in SELECTS
 
     def on_arith(_node) -> None:
         # arithmetic on values is work; on indices it is a reshape we do not want to inline
@@ -334,7 +333,7 @@ def _schedule_row_reduction(sch, block, info: SBlockInfo, lanes: int = 16) -> li
     worth = _worth_parallel(sch, loops)  # before fuse: fusing invalidates the loop handles
     innermost = _innermost_read_vars(sch.get(block), kinds)
     kept = _const_extent(sch, spatial[-1])
-    width = next((w for w in (lanes, lanes // 2, lanes // 4) if kept and kept % w == 0), None)
+    width = _vector_width(kept, lanes)
     if innermost == "S" and width is not None:
         return _schedule_column_reduction(sch, block, spatial, reduce, width, worth)
     sch.reorder(*spatial, *reduce)
@@ -445,8 +444,7 @@ def _schedule_spatial(sch, block, target: Target) -> None:
     worth = _worth_parallel(sch, loops)
     vec = None
     if inner_ext is not None:
-        width = next((w for w in (lanes, lanes // 2, lanes // 4) if w > 1 and inner_ext % w == 0),
-                     None)
+        width = _vector_width(inner_ext, lanes)
         if width is None and inner_ext >= 2 * lanes and \
                 (_product([_const_extent(sch, lp) for lp in loops[:-1]]) or 0) >= 2:
             _vectorize_most(sch, loops, inner_ext, lanes, worth)
@@ -457,6 +455,13 @@ def _schedule_spatial(sch, block, target: Target) -> None:
     _parallel_leading(sch, loops, worth)
     if vec is not None:
         sch.vectorize(vec)
+
+
+def _vector_width(extent: int | None, lanes: int) -> int | None:
+    """The widest of ``lanes``, a half or a quarter of them (over one lane) that divides
+    ``extent``; None for none, or an unknown extent."""
+    return next((w for w in (lanes, lanes // 2, lanes // 4) if w > 1 and extent
+                 and extent % w == 0), None)
 
 
 def _vectorize_most(sch, loops, inner_ext: int, lanes: int, worth: bool) -> None:
